@@ -1,0 +1,75 @@
+"""torchcomms in pure Python: explicit communicator objects for PyTorch.
+
+Import-time rule: this package (and ``_comms``, ``hooks``) imports only ``torch``,
+``torch._C._distributed_c10d`` and the standard library, because PyTorch imports
+it while ``torch.distributed`` is half-initialised.
+"""
+
+from __future__ import annotations
+
+from torchcomms import hooks, objcol
+from torchcomms._comms import (
+    BatchP2POptions,
+    BatchSendRecv,
+    CommOptions,
+    OpName,
+    P2POp,
+    P2POpType,
+    RedOpType,
+    ReduceOp,
+    RemovableHandle,
+    Timeout,
+    TorchComm,
+    TorchCommBackend,
+    TorchWork,
+    WorkStatus,
+    _is_backend_registered,
+    _load_backend,
+    built_backends,
+    is_backend_built,
+    new_comm,
+    register_backend,
+)
+from torchcomms.errors import (
+    CollectiveMismatchError,
+    CommAbortedError,
+    CommError,
+    CommStateError,
+    CommTimeoutError,
+    CommValidationError,
+    PeerFailureError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BatchP2POptions",
+    "BatchSendRecv",
+    "CollectiveMismatchError",
+    "CommAbortedError",
+    "CommError",
+    "CommOptions",
+    "CommStateError",
+    "CommTimeoutError",
+    "CommValidationError",
+    "OpName",
+    "P2POp",
+    "P2POpType",
+    "PeerFailureError",
+    "RedOpType",
+    "ReduceOp",
+    "RemovableHandle",
+    "Timeout",
+    "TorchComm",
+    "TorchCommBackend",
+    "TorchWork",
+    "WorkStatus",
+    "_is_backend_registered",
+    "_load_backend",
+    "built_backends",
+    "hooks",
+    "is_backend_built",
+    "new_comm",
+    "objcol",
+    "register_backend",
+]

@@ -1,0 +1,1 @@
+"""Backends: the objects that move bytes for a ``TorchComm``."""

@@ -1,0 +1,753 @@
+"""The CPU backend, registered as ``gloo``: collectives over torch's ``ProcessGroupGloo``.
+
+The process group is built directly from the communicator's store (no global
+``init_process_group``).  Ops run through an ``OpExecutor`` (issue order, async on
+one thread).  Reductions gloo lacks (AVG, PREMUL_SUM) and the variable-size
+collectives are composed here from gloo primitives.  Point-to-point ops are posted
+to gloo without blocking and waited on by their work, so mutually dependent
+send/recv pairs cannot deadlock.  A transport failure (timeout, dead peer)
+poisons the communicator: later ops fail fast with the original cause.
+"""
+
+# Native backends take an extra OpOptions argument (see backends/base.py), on purpose.
+# mypy: disable-error-code="override"
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch._C._distributed_c10d as c10d
+
+from torchcomms import bootstrap, config
+from torchcomms.backends.base import TorchCommBackend
+from torchcomms.bootstrap import CommStore
+from torchcomms.errors import CommError, CommStateError, CommTimeoutError, PeerFailureError
+from torchcomms.executor import Completion, OpExecutor
+from torchcomms.types import CommOptions, OpOptions, P2POp, P2POpType, RedOpType, ReduceOp
+from torchcomms.work import AsyncWork, CompletedWork, TorchWork
+
+logger = logging.getLogger("torchcomms.backends.cpu")
+
+SUPPORTED_DTYPES = frozenset(
+    {
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int8,
+        torch.uint8,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+    }
+)
+
+_C10D_OPS = {
+    RedOpType.SUM: c10d.ReduceOp.SUM,
+    RedOpType.PRODUCT: c10d.ReduceOp.PRODUCT,
+    RedOpType.MIN: c10d.ReduceOp.MIN,
+    RedOpType.MAX: c10d.ReduceOp.MAX,
+    RedOpType.BAND: c10d.ReduceOp.BAND,
+    RedOpType.BOR: c10d.ReduceOp.BOR,
+    RedOpType.BXOR: c10d.ReduceOp.BXOR,
+    RedOpType.AVG: c10d.ReduceOp.SUM,
+    RedOpType.PREMUL_SUM: c10d.ReduceOp.SUM,
+}
+
+# On bool data a sum or max is a logical or, a product or min a logical and.
+_BOOL_OPS = {
+    RedOpType.SUM: c10d.ReduceOp.MAX,
+    RedOpType.MAX: c10d.ReduceOp.MAX,
+    RedOpType.BOR: c10d.ReduceOp.MAX,
+    RedOpType.PRODUCT: c10d.ReduceOp.MIN,
+    RedOpType.MIN: c10d.ReduceOp.MIN,
+    RedOpType.BAND: c10d.ReduceOp.MIN,
+    RedOpType.BXOR: c10d.ReduceOp.BXOR,
+}
+
+_TIMEOUT_MARKERS = ("timed out", "timeout")
+_PEER_MARKERS = (
+    "connection closed by peer",
+    "connection reset",
+    "pair closure",
+    "broken pipe",
+    "connection refused",
+    "socket closed",
+)
+
+
+def _c10d_op(op: ReduceOp, dtype: torch.dtype) -> Any:
+    if dtype is torch.bool:
+        return _BOOL_OPS[op.type]
+    return _C10D_OPS[op.type]
+
+
+class _Deadline:
+    """The absolute deadline of one op; composite ops split it across their gloo calls."""
+
+    __slots__ = ("end", "total")
+
+    def __init__(self, timeout: timedelta) -> None:
+        self.total = timeout
+        self.end = time.monotonic() + timeout.total_seconds()
+
+    def remaining(self) -> timedelta:
+        left = self.end - time.monotonic()
+        # gloo treats 0 as "no timeout"; never hand it a non-positive value.
+        return timedelta(seconds=max(left, 0.001))
+
+
+class TorchCommGloo(TorchCommBackend):
+    """CPU communicator over gloo (TCP); see the module docstring for the concurrency model."""
+
+    _native = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._name = ""
+        self._rank = -1
+        self._size = -1
+        self._pg: Any = None
+        self._store: CommStore | None = None
+        self._executor: OpExecutor | None = None
+        self._poison: BaseException | None = None
+        self._poison_lock = threading.Lock()
+        self._split_counts: dict[tuple[str, tuple[int, ...]], int] = defaultdict(int)
+        self._send_seq: dict[int, int] = defaultdict(int)
+        self._recv_seq: dict[int, int] = defaultdict(int)
+        self._timeout = timedelta(seconds=600)
+        self._hints: dict[str, str] = {}
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def init(self, device: torch.device, name: str, options: CommOptions) -> None:
+        rank, size = bootstrap.query_ranksize()
+        persistent = _hint_bool(options.hints, "persistent_store", False)
+        store = bootstrap.create_comm_store(
+            name, rank, size, options.timeout, options.store, persistent
+        )
+        self._connect(device, name, options, store, rank, size)
+
+    def _connect(
+        self,
+        device: torch.device,
+        name: str,
+        options: CommOptions,
+        store: CommStore,
+        rank: int,
+        size: int,
+    ) -> None:
+        self._device = device
+        self._options = options
+        self._name = name
+        self._rank = rank
+        self._size = size
+        self._timeout = options.timeout
+        self._hints = dict(options.hints)
+        self._store = store
+        gloo_opts = c10d.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+        gloo_opts._timeout = options.timeout
+        gloo_opts._devices = [self._gloo_device(store.store, options.hints)]
+        self._pg = c10d.ProcessGroupGloo(
+            c10d.PrefixStore("gloo", store.store), rank, size, gloo_opts
+        )
+        self._executor = OpExecutor(name)
+
+    def _gloo_device(self, store: c10d.Store, hints: dict[str, str]) -> Any:
+        """Loopback when every member is on this host, else the configured/default interface."""
+        hostname = hints.get("hostname") or config.gloo_hostname()
+        interface = hints.get("interface") or config.gloo_interface()
+        lazy = True if "lazy" in hints else None
+        if hostname or interface:
+            return c10d.ProcessGroupGloo.create_device(
+                hostname=hostname or "", interface=interface or "", lazy_init=lazy
+            )
+        me = bootstrap.host_identity()
+        store.set(f"host/{self._rank}", me)
+        keys = [f"host/{r}" for r in range(self._size)]
+        store.wait(keys, self._timeout)
+        hosts = {store.get(k).decode() for k in keys}
+        if hosts == {me}:
+            return c10d.ProcessGroupGloo.create_device(hostname="127.0.0.1", lazy_init=lazy)
+        return c10d.ProcessGroupGloo.create_default_device(lazy_init=lazy)
+
+    def finalize(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.close(self._timeout.total_seconds())
+        self._pg = None
+        if self._store is not None:
+            self._store.close()
+        self._store = None
+
+    def get_rank(self) -> int:
+        return self._rank
+
+    def get_size(self) -> int:
+        return self._size
+
+    def get_backend_name(self) -> str:
+        return "gloo"
+
+    def get_comm_name(self) -> str:
+        return self._name
+
+    def get_backend_version(self) -> str:
+        return f"gloo (torch {torch.__version__})"
+
+    def supported_dtypes(self) -> frozenset[torch.dtype]:
+        return SUPPORTED_DTYPES
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._timeout = timeout
+        self._options.timeout = timeout
+
+    def set_hints(self, hints: dict[str, str]) -> None:
+        self._hints.update(hints)
+
+    def get_init_handle(self) -> str:
+        return f"gloo:{self._rank}:-1:"
+
+    # -- split ---------------------------------------------------------------------------------
+    def split(self, ranks: list[int], name: str, options: CommOptions) -> TorchCommGloo:
+        assert self._store is not None
+        key = (name, tuple(ranks))
+        generation = self._split_counts[key]
+        self._split_counts[key] += 1
+        digest = hashlib.sha1(",".join(map(str, ranks)).encode()).hexdigest()[:16]
+        child_store = c10d.PrefixStore(f"split/{name}/{digest}/{generation}", self._store.store)
+        child = TorchCommGloo()
+        # The child keeps the parent's store (and rank 0's server) alive while it lives.
+        child._connect(
+            self._device or torch.device("cpu"),
+            name,
+            options,
+            CommStore(store=child_store, owned_server=None, parent=self._store),
+            ranks.index(self._rank),
+            len(ranks),
+        )
+        return child
+
+    # -- execution plumbing --------------------------------------------------------------------
+    def _run(
+        self,
+        opts: OpOptions,
+        async_op: bool,
+        body: Callable[[_Deadline], Completion | None],
+    ) -> TorchWork:
+        """Run ``body`` in issue order, inline (sync) or on the executor (async)."""
+        self._check_healthy(opts)
+        executor = self._executor
+        if executor is None:
+            raise CommStateError(self._prefix(opts) + "TorchCommGloo not initialized")
+        timeout = opts.timeout
+
+        def guarded() -> Completion | None:
+            self._check_healthy(opts)
+            deadline = _Deadline(timeout)
+            try:
+                completion = body(deadline)
+            except BaseException as exc:
+                raise self._translate(exc, opts) from exc
+            if completion is None:
+                return None
+
+            def finish() -> None:
+                try:
+                    completion()
+                except BaseException as exc:
+                    raise self._translate(exc, opts) from exc
+
+            return finish
+
+        if not async_op:
+            executor.drain(timeout.total_seconds())
+            completion = guarded()
+            if completion is not None:
+                completion()
+            return CompletedWork()
+        work = AsyncWork(self._prefix(opts).rstrip(": "), timeout.total_seconds())
+        return executor.submit(guarded, work)
+
+    def _prefix(self, opts: OpOptions) -> str:
+        op_id = f" op_id={opts.op_id}" if opts.op_id is not None else ""
+        return f"[TorchCommGloo comm={self._name} rank={self._rank}] {opts.op_name}{op_id}: "
+
+    def _check_healthy(self, opts: OpOptions) -> None:
+        poison = self._poison
+        if poison is not None:
+            raise type(poison)(
+                self._prefix(opts) + f"communicator is unusable after an earlier failure: {poison}"
+            ) from poison
+
+    def _translate(self, exc: BaseException, opts: OpOptions) -> BaseException:
+        """Turn a gloo error into a typed error naming comm, op and op_id; poison on transport failure."""
+        if isinstance(exc, CommError):
+            return exc
+        if not isinstance(exc, RuntimeError):
+            return exc
+        text = str(exc)
+        lowered = text.lower()
+        error: CommError
+        if any(m in lowered for m in _TIMEOUT_MARKERS):
+            error = CommTimeoutError(
+                self._prefix(opts)
+                + f"timed out after {opts.timeout.total_seconds():g} s ({text.strip()})"
+            )
+        elif any(m in lowered for m in _PEER_MARKERS):
+            error = PeerFailureError(self._prefix(opts) + f"a peer failed ({text.strip()})")
+        else:
+            return CommError(self._prefix(opts) + text.strip())
+        with self._poison_lock:
+            if self._poison is None:
+                self._poison = error
+        return error
+
+    @staticmethod
+    def _wait(work: Any, deadline: _Deadline) -> None:
+        work.wait(deadline.remaining())
+
+    def _pg_checked(self) -> Any:
+        pg = self._pg
+        if pg is None:
+            raise CommStateError(f"[TorchCommGloo comm={self._name}] TorchCommGloo not initialized")
+        return pg
+
+    # -- reductions ----------------------------------------------------------------------------
+    @staticmethod
+    def _premultiply(tensor: torch.Tensor, op: ReduceOp) -> None:
+        if op.type is RedOpType.PREMUL_SUM:
+            tensor.mul_(op.factor_value())
+
+    def _postprocess(self, tensor: torch.Tensor, op: ReduceOp) -> None:
+        if op.type is RedOpType.AVG:
+            if tensor.is_floating_point():
+                tensor.div_(self._size)
+            else:
+                tensor.copy_(torch.div(tensor, self._size, rounding_mode="trunc"))
+
+    def _allreduce_inplace(self, tensor: torch.Tensor, op: ReduceOp, deadline: _Deadline) -> None:
+        pg = self._pg_checked()
+        o = c10d.AllreduceOptions()
+        o.reduceOp = _c10d_op(op, tensor.dtype)
+        o.timeout = deadline.remaining()
+        self._premultiply(tensor, op)
+        self._wait(pg.allreduce([tensor], o), deadline)
+        self._postprocess(tensor, op)
+
+    def all_reduce(
+        self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        def body(deadline: _Deadline) -> None:
+            if tensor.numel() == 0:
+                return
+            with _on_host(tensor) as host:
+                self._allreduce_inplace(host, op, deadline)
+
+        return self._run(options, async_op, body)
+
+    def reduce(
+        self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        def body(deadline: _Deadline) -> None:
+            if tensor.numel() == 0:
+                return
+            with _on_host(tensor) as host:
+                self._reduce_into(host, root, op, deadline)
+
+        return self._run(options, async_op, body)
+
+    def _reduce_into(
+        self, tensor: torch.Tensor, root: int, op: ReduceOp, deadline: _Deadline
+    ) -> None:
+        pg = self._pg_checked()
+        o = c10d.ReduceOptions()
+        o.reduceOp = _c10d_op(op, tensor.dtype)
+        o.rootRank = root
+        o.timeout = deadline.remaining()
+        self._premultiply(tensor, op)
+        self._wait(pg.reduce([tensor], o), deadline)
+        if self._rank == root:
+            self._postprocess(tensor, op)
+
+    def broadcast(
+        self, tensor: torch.Tensor, root: int, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        def body(deadline: _Deadline) -> None:
+            if tensor.numel() == 0:
+                return
+            with _on_host(tensor) as host:
+                self._broadcast(host, root, deadline)
+
+        return self._run(options, async_op, body)
+
+    def _broadcast(self, tensor: torch.Tensor, root: int, deadline: _Deadline) -> None:
+        pg = self._pg_checked()
+        o = c10d.BroadcastOptions()
+        o.rootRank = root
+        o.timeout = deadline.remaining()
+        self._wait(pg.broadcast([tensor], o), deadline)
+
+    # -- gathers -------------------------------------------------------------------------------
+    def all_gather(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        def body(deadline: _Deadline) -> None:
+            if tensor.numel() == 0:
+                return
+            flat = torch.empty(self._size * tensor.numel(), dtype=tensor.dtype)
+            self._all_gather_flat(flat, tensor, deadline)
+            for i, out in enumerate(tensor_list):
+                out.copy_(flat[i * tensor.numel() : (i + 1) * tensor.numel()].view(out.shape))
+
+        return self._run(options, async_op, body)
+
+    def _all_gather_flat(
+        self, flat: torch.Tensor, tensor: torch.Tensor, deadline: _Deadline
+    ) -> None:
+        pg = self._pg_checked()
+        o = c10d.AllgatherOptions()
+        o.timeout = deadline.remaining()
+        src = tensor.detach().to("cpu").reshape(-1)
+        self._wait(pg._allgather_base(flat, src, o), deadline)
+
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        def body(deadline: _Deadline) -> None:
+            if input.numel() == 0:
+                return
+            with _on_host(output) as host_out:
+                self._all_gather_flat(host_out.view(-1), input, deadline)
+
+        return self._run(options, async_op, body)
+
+    def all_gather_v(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        def body(deadline: _Deadline) -> None:
+            for root in range(self._size):
+                target = tensor_list[root]
+                if root == self._rank:
+                    target.copy_(tensor.view(target.shape))
+                if target.numel() == 0:
+                    continue
+                with _on_host(target) as host:
+                    self._broadcast(host, root, deadline)
+
+        return self._run(options, async_op, body)
+
+    def gather(
+        self,
+        output_tensor_list: list[torch.Tensor],
+        input_tensor: torch.Tensor,
+        root: int,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        def body(deadline: _Deadline) -> None:
+            if input_tensor.numel() == 0:
+                return
+            self._gather(output_tensor_list, input_tensor, root, deadline)
+
+        return self._run(options, async_op, body)
+
+    def _gather(
+        self,
+        outputs: Sequence[torch.Tensor],
+        input_tensor: torch.Tensor,
+        root: int,
+        deadline: _Deadline,
+    ) -> None:
+        pg = self._pg_checked()
+        o = c10d.GatherOptions()
+        o.rootRank = root
+        o.timeout = deadline.remaining()
+        src = input_tensor.detach().to("cpu").contiguous()
+        if self._rank == root:
+            staging = [torch.empty_like(src) for _ in range(self._size)]
+            self._wait(pg.gather([staging], [src], o), deadline)
+            for out, got in zip(outputs, staging, strict=True):
+                out.copy_(got.view(out.shape))
+        else:
+            self._wait(pg.gather([], [src], o), deadline)
+
+    def gather_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        root: int,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        def body(deadline: _Deadline) -> None:
+            if input.numel() == 0:
+                return
+            outs = list(output.view(-1).chunk(self._size)) if self._rank == root else []
+            self._gather(outs, input, root, deadline)
+
+        return self._run(options, async_op, body)
+
+    def scatter(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor_list: list[torch.Tensor],
+        root: int,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        def body(deadline: _Deadline) -> None:
+            if output_tensor.numel() == 0:
+                return
+            pg = self._pg_checked()
+            o = c10d.ScatterOptions()
+            o.rootRank = root
+            o.timeout = deadline.remaining()
+            with _on_host(output_tensor) as host_out:
+                if self._rank == root:
+                    srcs = [t.detach().to("cpu").contiguous() for t in input_tensor_list]
+                    self._wait(pg.scatter([host_out], [srcs], o), deadline)
+                else:
+                    self._wait(pg.scatter([host_out], [], o), deadline)
+
+        return self._run(options, async_op, body)
+
+    # -- reduce-scatters -----------------------------------------------------------------------
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        def body(deadline: _Deadline) -> None:
+            if output.numel() == 0:
+                return
+            flat = torch.cat([t.detach().to("cpu").reshape(-1) for t in input_list])
+            with _on_host(output) as host_out:
+                self._reduce_scatter_flat(host_out.view(-1), flat, op, deadline)
+
+        return self._run(options, async_op, body)
+
+    def _reduce_scatter_flat(
+        self,
+        out: torch.Tensor,
+        flat_in: torch.Tensor,
+        op: ReduceOp,
+        deadline: _Deadline,
+    ) -> None:
+        pg = self._pg_checked()
+        if op.type is RedOpType.PREMUL_SUM:
+            flat_in = flat_in * op.factor_value()  # never scale the caller's input in place
+        o = c10d.ReduceScatterOptions()
+        o.reduceOp = _c10d_op(op, out.dtype)
+        o.timeout = deadline.remaining()
+        self._wait(pg._reduce_scatter_base(out, flat_in, o), deadline)
+        self._postprocess(out, op)
+
+    def reduce_scatter_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        def body(deadline: _Deadline) -> None:
+            if output.numel() == 0:
+                return
+            src = input.detach().to("cpu").reshape(-1)
+            with _on_host(output) as host_out:
+                self._reduce_scatter_flat(host_out.view(-1), src, op, deadline)
+
+        return self._run(options, async_op, body)
+
+    def reduce_scatter_v(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        def body(deadline: _Deadline) -> None:
+            for root, chunk in enumerate(input_list):
+                if chunk.numel() == 0:
+                    continue
+                scratch = chunk.detach().to("cpu", copy=True).contiguous()
+                self._reduce_into(scratch, root, op, deadline)
+                if root == self._rank:
+                    output.copy_(scratch.view(output.shape))
+
+        return self._run(options, async_op, body)
+
+    # -- all-to-all ----------------------------------------------------------------------------
+    def _alltoall_flat(
+        self,
+        out: torch.Tensor,
+        inp: torch.Tensor,
+        out_splits: list[int],
+        in_splits: list[int],
+        deadline: _Deadline,
+    ) -> None:
+        pg = self._pg_checked()
+        o = c10d.AllToAllOptions()
+        o.timeout = deadline.remaining()
+        self._wait(pg.alltoall_base(out, inp, out_splits, in_splits, o), deadline)
+
+    def all_to_all_single(
+        self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        def body(deadline: _Deadline) -> None:
+            if input.numel() == 0:
+                return
+            with _on_host(output) as host_out:
+                src = input.detach().to("cpu").reshape(-1)
+                self._alltoall_flat(host_out.view(-1), src, [], [], deadline)
+
+        return self._run(options, async_op, body)
+
+    def all_to_all_v_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        def body(deadline: _Deadline) -> None:
+            out_row = output[0].numel() if output.dim() > 0 and output.shape[0] > 0 else 1
+            in_row = input[0].numel() if input.dim() > 0 and input.shape[0] > 0 else 1
+            out_elems = [s * out_row for s in output_split_sizes]
+            in_elems = [s * in_row for s in input_split_sizes]
+            with _on_host(output) as host_out:
+                flat_out = host_out.view(-1)
+                flat_in = input.detach().to("cpu").reshape(-1)
+                self._alltoall_flat(
+                    flat_out[: sum(out_elems)],
+                    flat_in[: sum(in_elems)],
+                    out_elems,
+                    in_elems,
+                    deadline,
+                )
+
+        return self._run(options, async_op, body)
+
+    def all_to_all(
+        self,
+        output_tensor_list: list[torch.Tensor],
+        input_tensor_list: list[torch.Tensor],
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        def body(deadline: _Deadline) -> None:
+            in_elems = [t.numel() for t in input_tensor_list]
+            out_elems = [t.numel() for t in output_tensor_list]
+            if sum(in_elems) == 0 and sum(out_elems) == 0:
+                return
+            dtype = input_tensor_list[0].dtype
+            flat_in = torch.cat([t.detach().to("cpu").reshape(-1) for t in input_tensor_list])
+            flat_out = torch.empty(sum(out_elems), dtype=dtype)
+            self._alltoall_flat(flat_out, flat_in, out_elems, in_elems, deadline)
+            offset = 0
+            for out, n in zip(output_tensor_list, out_elems, strict=True):
+                out.copy_(flat_out[offset : offset + n].view(out.shape))
+                offset += n
+
+        return self._run(options, async_op, body)
+
+    def barrier(self, async_op: bool, options: OpOptions) -> TorchWork:
+        def body(deadline: _Deadline) -> None:
+            pg = self._pg_checked()
+            o = c10d.BarrierOptions()
+            o.timeout = deadline.remaining()
+            self._wait(pg.barrier(o), deadline)
+
+        return self._run(options, async_op, body)
+
+    # -- point-to-point ------------------------------------------------------------------------
+    def _post(self, op: P2POp, deadline: _Deadline) -> Completion:
+        """Post one send/recv to gloo without blocking; the completion waits for it."""
+        pg = self._pg_checked()
+        tensor = op.tensor
+        staged = tensor if tensor.device.type == "cpu" else tensor.detach().to("cpu")
+        if op.type is P2POpType.SEND:
+            tag = self._send_seq[op.peer]
+            self._send_seq[op.peer] += 1
+            work = pg.send([staged], op.peer, tag)
+        else:
+            tag = self._recv_seq[op.peer]
+            self._recv_seq[op.peer] += 1
+            work = pg.recv([staged], op.peer, tag)
+
+        def complete() -> None:
+            self._wait(work, deadline)
+            if staged is not tensor and op.type is P2POpType.RECV:
+                tensor.copy_(staged)
+
+        return complete
+
+    def _p2p(self, ops: list[P2POp], async_op: bool, options: OpOptions) -> TorchWork:
+        def body(deadline: _Deadline) -> Completion | None:
+            live = [op for op in ops if op.tensor.numel() > 0]
+            if not live:
+                return None
+            completions = [self._post(op, deadline) for op in live]
+
+            def complete_all() -> None:
+                for complete in completions:
+                    complete()
+
+            return complete_all
+
+        return self._run(options, async_op, body)
+
+    def send(self, tensor: torch.Tensor, dst: int, async_op: bool, options: OpOptions) -> TorchWork:
+        return self._p2p([P2POp(P2POpType.SEND, tensor, dst)], async_op, options)
+
+    def recv(self, tensor: torch.Tensor, src: int, async_op: bool, options: OpOptions) -> TorchWork:
+        return self._p2p([P2POp(P2POpType.RECV, tensor, src)], async_op, options)
+
+    def batch_op_issue(self, ops: list[P2POp], async_op: bool, options: OpOptions) -> TorchWork:
+        return self._p2p(list(ops), async_op, options)
+
+
+class _on_host:
+    """Yield a CPU contiguous view of ``tensor``; copy back on exit if it had to be staged."""
+
+    __slots__ = ("_host", "_tensor")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self._tensor = tensor
+        self._host = tensor if tensor.device.type == "cpu" else tensor.detach().to("cpu")
+
+    def __enter__(self) -> torch.Tensor:
+        return self._host
+
+    def __exit__(self, *exc: object) -> None:
+        if self._host is not self._tensor and exc[0] is None:
+            self._tensor.copy_(self._host)
+
+
+def _hint_bool(hints: dict[str, str], key: str, default: bool) -> bool:
+    raw = hints.get(key)
+    if raw is None:
+        return default
+    return config.parse_bool(f"hint {key}", raw)

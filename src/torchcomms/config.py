@@ -1,0 +1,102 @@
+"""Every environment variable the library reads, parsed in one place with upstream's rules."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+_TRUE = {"1", "true", "yes", "y", "on"}
+_FALSE = {"0", "false", "no", "n", "off"}
+
+
+def parse_bool(name: str, value: str) -> bool:
+    """Parse a boolean env value (case-insensitive, trimmed); anything else is an error."""
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise RuntimeError(
+        f"Invalid value for environment variable {name}: {value!r} "
+        "(expected one of 1/true/yes/y/on or 0/false/no/n/off)"
+    )
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return default
+    return parse_bool(name, value)
+
+
+def env_str(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value if value else None
+
+
+def default_timeout() -> timedelta:
+    """``TORCHCOMM_TIMEOUT_SECONDS`` (a non-negative integer), else 600 s."""
+    raw = os.environ.get("TORCHCOMM_TIMEOUT_SECONDS")
+    if raw is None or raw.strip() == "":
+        return timedelta(seconds=600)
+    try:
+        seconds = int(raw.strip())
+    except ValueError:
+        raise RuntimeError(
+            f"Invalid value for environment variable TORCHCOMM_TIMEOUT_SECONDS: {raw!r} "
+            "(expected a non-negative integer number of seconds)"
+        ) from None
+    if seconds < 0:
+        raise RuntimeError(
+            f"Invalid value for environment variable TORCHCOMM_TIMEOUT_SECONDS: {raw!r} "
+            "(expected a non-negative integer number of seconds)"
+        )
+    return timedelta(seconds=seconds)
+
+
+def default_abort_on_error() -> bool:
+    return env_bool("TORCHCOMM_ABORT_ON_ERROR", True)
+
+
+def ranksize_query_method() -> str:
+    method = (os.environ.get("TORCHCOMM_BOOTSTRAP_RANKSIZE_QUERY_METHOD") or "auto").strip().lower()
+    if method not in ("auto", "torchrun", "mpi", "pals"):
+        raise RuntimeError(
+            "Invalid TORCHCOMM_BOOTSTRAP_RANKSIZE_QUERY_METHOD "
+            f"{method!r}: expected one of auto, torchrun, mpi, pals"
+        )
+    return method
+
+
+def env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return int(raw.strip())
+    except ValueError:
+        return None
+
+
+def gloo_hostname() -> str | None:
+    return env_str("TORCHCOMM_GLOO_HOSTNAME")
+
+
+def gloo_interface() -> str | None:
+    return env_str("TORCHCOMM_GLOO_INTERFACE")
+
+
+def master_addr_port() -> tuple[str | None, int | None]:
+    return env_str("MASTER_ADDR"), env_int("MASTER_PORT")
+
+
+def torchelastic_agent_store() -> bool:
+    """True under torchrun when its agent already serves a TCPStore on ``MASTER_PORT``."""
+    raw = os.environ.get("TORCHELASTIC_USE_AGENT_STORE")
+    return raw is not None and raw.strip().lower() == "true"
+
+
+def object_serialization() -> str:
+    """``TORCHCOMMS_SERIALIZATION``: ``pickle`` or (default) ``torch`` (torch.save/torch.load)."""
+    raw = (os.environ.get("TORCHCOMMS_SERIALIZATION") or "torch").strip().lower()
+    return "pickle" if raw == "pickle" else "torch"

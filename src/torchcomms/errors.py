@@ -1,0 +1,31 @@
+"""The error hierarchy: every class is a ``RuntimeError`` so upstream-style ``except RuntimeError`` works."""
+
+from __future__ import annotations
+
+
+class CommError(RuntimeError):
+    """Base class of every error raised by a communicator."""
+
+
+class CommValidationError(CommError):
+    """An argument of a public call is invalid (wrong size, rank out of range, bad dtype)."""
+
+
+class CommStateError(CommError):
+    """The communicator is in a state that forbids the call (finalized, not initialized)."""
+
+
+class CommTimeoutError(CommError):
+    """A blocking wait passed its deadline."""
+
+
+class PeerFailureError(CommError):
+    """A peer died or its connection broke while this rank waited for it."""
+
+
+class CommAbortedError(CommError):
+    """The communicator was aborted; later operations fail fast."""
+
+
+class CollectiveMismatchError(CommError):
+    """Ranks issued different collectives at the same sequence number."""

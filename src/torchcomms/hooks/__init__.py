@@ -1,0 +1,1 @@
+"""Hooks that observe communicators (flight recorder, logs, checks) land here."""

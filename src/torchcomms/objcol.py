@@ -1,0 +1,217 @@
+"""Object collectives: picklable Python objects moved through a communicator's tensor ops.
+
+Objects are serialised with ``torch.save`` and loaded with ``torch.load(weights_only=...)``
+(``weights_only=True`` by default, so a peer cannot make this rank run arbitrary code),
+or with ``pickle`` when ``TORCHCOMMS_SERIALIZATION=pickle``.  Every call is blocking.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from torchcomms import config
+
+if TYPE_CHECKING:
+    from torchcomms.comm import TorchComm
+
+
+def _to_tensor(obj: Any, device: torch.device) -> torch.Tensor:
+    if config.object_serialization() == "pickle":
+        data = pickle.dumps(obj)
+    else:
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        data = buf.getvalue()
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+
+
+def _from_tensor(t: torch.Tensor, weights_only: bool) -> Any:
+    data = t.detach().to("cpu").numpy().tobytes()
+    if config.object_serialization() == "pickle":
+        return pickle.loads(data)
+    return torch.load(io.BytesIO(data), weights_only=weights_only)
+
+
+def _size_tensor(n: int, device: torch.device) -> torch.Tensor:
+    return torch.tensor([n], dtype=torch.int64, device=device)
+
+
+def _padded(t: torch.Tensor, length: int) -> torch.Tensor:
+    out = torch.zeros(length, dtype=torch.uint8, device=t.device)
+    out[: t.numel()] = t
+    return out
+
+
+def all_gather_object(
+    comm: TorchComm,
+    object_list: list[Any],
+    obj: Any,
+    timeout: timedelta | None = None,
+    weights_only: bool = True,
+) -> None:
+    """Fill ``object_list`` (length comm size) with every rank's ``obj``, in rank order."""
+    size = comm.get_size()
+    if len(object_list) != size:
+        raise ValueError(
+            f"all_gather_object: object_list must have comm size {size} entries, got {len(object_list)}"
+        )
+    device = comm.get_device()
+    payload = _to_tensor(obj, device)
+    sizes = [_size_tensor(0, device) for _ in range(size)]
+    comm.all_gather(sizes, _size_tensor(payload.numel(), device), async_op=False, timeout=timeout)
+    lengths = [int(s.item()) for s in sizes]
+    longest = max(lengths)
+    gathered = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(size)]
+    comm.all_gather(gathered, _padded(payload, longest), async_op=False, timeout=timeout)
+    for i, (t, n) in enumerate(zip(gathered, lengths, strict=True)):
+        object_list[i] = _from_tensor(t[:n], weights_only)
+
+
+def gather_object(
+    comm: TorchComm,
+    obj: Any,
+    root: int,
+    object_gather_list: list[Any] | None = None,
+    timeout: timedelta | None = None,
+    weights_only: bool = True,
+) -> None:
+    """Collect every rank's ``obj`` into ``object_gather_list`` on ``root`` (ignored elsewhere)."""
+    size = comm.get_size()
+    is_root = comm.get_rank() == root
+    if is_root and (object_gather_list is None or len(object_gather_list) != size):
+        raise ValueError(
+            f"gather_object: root needs an object_gather_list of comm size {size} entries"
+        )
+    device = comm.get_device()
+    payload = _to_tensor(obj, device)
+    sizes = [_size_tensor(0, device) for _ in range(size)]
+    comm.all_gather(sizes, _size_tensor(payload.numel(), device), async_op=False, timeout=timeout)
+    lengths = [int(s.item()) for s in sizes]
+    longest = max(lengths)
+    outputs = (
+        [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(size)]
+        if is_root
+        else []
+    )
+    comm.gather(
+        output_tensor_list=outputs,
+        input_tensor=_padded(payload, longest),
+        root=root,
+        async_op=False,
+        timeout=timeout,
+    )
+    if is_root:
+        assert object_gather_list is not None
+        for i, (t, n) in enumerate(zip(outputs, lengths, strict=True)):
+            object_gather_list[i] = _from_tensor(t[:n], weights_only)
+
+
+def send_object_list(
+    comm: TorchComm, object_list: list[Any], dst: int, timeout: timedelta | None = None
+) -> None:
+    """Send ``object_list`` to ``dst`` (which calls ``recv_object_list`` with a same-length list)."""
+    device = comm.get_device()
+    payloads = [_to_tensor(o, device) for o in object_list]
+    lengths = torch.tensor([p.numel() for p in payloads], dtype=torch.int64, device=device)
+    comm.send(lengths, dst, async_op=False, timeout=timeout)
+    if payloads and int(lengths.sum()) > 0:
+        comm.send(torch.cat(payloads), dst, async_op=False, timeout=timeout)
+
+
+def recv_object_list(
+    comm: TorchComm,
+    object_list: list[Any],
+    src: int,
+    timeout: timedelta | None = None,
+    weights_only: bool = True,
+) -> None:
+    """Receive into ``object_list`` (same length as the sender's list) from ``src``."""
+    device = comm.get_device()
+    lengths = torch.zeros(len(object_list), dtype=torch.int64, device=device)
+    comm.recv(lengths, src, async_op=False, timeout=timeout)
+    total = int(lengths.sum())
+    data = torch.empty(total, dtype=torch.uint8, device=device)
+    if object_list and total > 0:
+        comm.recv(data, src, async_op=False, timeout=timeout)
+    offset = 0
+    for i, n in enumerate(int(x) for x in lengths.tolist()):
+        object_list[i] = _from_tensor(data[offset : offset + n], weights_only)
+        offset += n
+
+
+def broadcast_object_list(
+    comm: TorchComm,
+    object_list: list[Any],
+    root: int,
+    timeout: timedelta | None = None,
+    weights_only: bool = True,
+) -> None:
+    """Replace ``object_list``'s entries on every rank with root's (lists have equal length)."""
+    device = comm.get_device()
+    is_root = comm.get_rank() == root
+    if is_root:
+        payloads = [_to_tensor(o, device) for o in object_list]
+        lengths = torch.tensor([p.numel() for p in payloads], dtype=torch.int64, device=device)
+    else:
+        lengths = torch.zeros(len(object_list), dtype=torch.int64, device=device)
+    comm.broadcast(lengths, root, async_op=False, timeout=timeout)
+    total = int(lengths.sum())
+    data = (
+        torch.cat(payloads)
+        if is_root and payloads
+        else torch.empty(total, dtype=torch.uint8, device=device)
+    )
+    if total > 0:
+        comm.broadcast(data, root, async_op=False, timeout=timeout)
+    if is_root:
+        return
+    offset = 0
+    for i, n in enumerate(int(x) for x in lengths.tolist()):
+        object_list[i] = _from_tensor(data[offset : offset + n], weights_only)
+        offset += n
+
+
+def scatter_object_list(
+    comm: TorchComm,
+    root: int,
+    scatter_object_output_list: list[Any],
+    scatter_object_input_list: list[Any] | None = None,
+    timeout: timedelta | None = None,
+    weights_only: bool = True,
+) -> None:
+    """Rank ``i`` gets root's ``scatter_object_input_list[i]`` in ``scatter_object_output_list[0]``."""
+    if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
+        raise ValueError(
+            "Expected argument scatter_object_output_list to be a list of size at least 1."
+        )
+    size = comm.get_size()
+    is_root = comm.get_rank() == root
+    device = comm.get_device()
+    if is_root:
+        if scatter_object_input_list is None:
+            raise ValueError("scatter_object_input_list must not be None on the root rank")
+        if len(scatter_object_input_list) != size:
+            raise ValueError(
+                f"scatter_object_input_list must have comm size {size} entries on the root, "
+                f"got {len(scatter_object_input_list)}"
+            )
+        payloads = [_to_tensor(o, device) for o in scatter_object_input_list]
+        longest = torch.tensor([max(p.numel() for p in payloads)], dtype=torch.int64, device=device)
+    else:
+        longest = torch.zeros(1, dtype=torch.int64, device=device)
+    comm.broadcast(longest, root, async_op=False, timeout=timeout)
+    n_max = int(longest.item())
+    my_len = torch.zeros(1, dtype=torch.int64, device=device)
+    length_inputs = [_size_tensor(p.numel(), device) for p in payloads] if is_root else []
+    comm.scatter(
+        my_len, input_tensor_list=length_inputs, root=root, async_op=False, timeout=timeout
+    )
+    out = torch.empty(n_max, dtype=torch.uint8, device=device)
+    data_inputs = [_padded(p, n_max) for p in payloads] if is_root else []
+    comm.scatter(out, input_tensor_list=data_inputs, root=root, async_op=False, timeout=timeout)
+    scatter_object_output_list[0] = _from_tensor(out[: int(my_len.item())], weights_only)

@@ -1,0 +1,223 @@
+"""Value types of the API: reduce ops, op names, P2P descriptors and option structs."""
+
+from __future__ import annotations
+
+import copy
+import enum
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+
+class RedOpType(enum.Enum):
+    """The kind of a reduction; values match upstream's C++ enum order."""
+
+    SUM = 0
+    PRODUCT = 1
+    MIN = 2
+    MAX = 3
+    BAND = 4
+    BOR = 5
+    BXOR = 6
+    PREMUL_SUM = 7
+    AVG = 8
+
+
+class ReduceOp:
+    """A reduction; ``ReduceOp.SUM`` etc. are singletons, ``ReduceOp.PREMUL_SUM(f)`` makes a new op."""
+
+    SUM: ReduceOp
+    PRODUCT: ReduceOp
+    MIN: ReduceOp
+    MAX: ReduceOp
+    BAND: ReduceOp
+    BOR: ReduceOp
+    BXOR: ReduceOp
+    AVG: ReduceOp
+
+    __slots__ = ("_factor", "_type")
+
+    def __init__(self, op_type: RedOpType, factor: float | torch.Tensor | None = None) -> None:
+        if not isinstance(op_type, RedOpType):
+            raise TypeError(f"ReduceOp expects a RedOpType, got {type(op_type).__name__}")
+        if op_type is RedOpType.PREMUL_SUM and factor is None:
+            raise RuntimeError(
+                "ReduceOp.PREMUL_SUM needs a factor: use ReduceOp.PREMUL_SUM(factor)"
+            )
+        if op_type is not RedOpType.PREMUL_SUM and factor is not None:
+            raise RuntimeError(f"ReduceOp.{op_type.name} takes no factor")
+        self._type = op_type
+        self._factor = factor
+
+    @staticmethod
+    def PREMUL_SUM(factor: float | torch.Tensor) -> ReduceOp:
+        """Multiply each rank's input by ``factor`` (a float or a 1-element tensor), then sum."""
+        if isinstance(factor, torch.Tensor):
+            if factor.numel() != 1:
+                raise RuntimeError(
+                    f"ReduceOp.PREMUL_SUM factor tensor must have one element (got {factor.numel()})"
+                )
+        elif isinstance(factor, bool) or not isinstance(factor, (int, float)):
+            raise TypeError(
+                f"ReduceOp.PREMUL_SUM factor must be a float or a tensor, got {type(factor).__name__}"
+            )
+        else:
+            factor = float(factor)
+        return ReduceOp(RedOpType.PREMUL_SUM, factor)
+
+    @property
+    def type(self) -> RedOpType:
+        return self._type
+
+    @property
+    def factor(self) -> float | torch.Tensor | None:
+        """The PREMUL_SUM factor (``None`` for other ops)."""
+        return self._factor
+
+    def factor_value(self) -> float:
+        """The PREMUL_SUM factor as a Python float (a tensor factor is read on the host)."""
+        f = self._factor
+        if f is None:
+            raise RuntimeError(f"ReduceOp.{self._type.name} has no factor")
+        if isinstance(f, torch.Tensor):
+            return float(f.detach().to("cpu", torch.float64).item())
+        return float(f)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ReduceOp):
+            if self._type is not other._type:
+                return False
+            if self._type is RedOpType.PREMUL_SUM:
+                return self is other
+            return True
+        if isinstance(other, RedOpType):
+            return self._type is other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._type) if self._type is not RedOpType.PREMUL_SUM else id(self)
+
+    def __repr__(self) -> str:
+        if self._type is RedOpType.PREMUL_SUM:
+            return f"ReduceOp.PREMUL_SUM({self._factor!r})"
+        return f"ReduceOp.{self._type.name}"
+
+    def __copy__(self) -> ReduceOp:
+        return ReduceOp(self._type, self._factor)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ReduceOp:
+        if id(self) in memo:
+            return memo[id(self)]
+        result = ReduceOp(self._type, copy.deepcopy(self._factor, memo))
+        memo[id(self)] = result
+        return result
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ReduceOp, (self._type, self._factor))
+
+
+for _t in RedOpType:
+    if _t is not RedOpType.PREMUL_SUM:
+        setattr(ReduceOp, _t.name, ReduceOp(_t))
+
+
+class OpName(enum.Enum):
+    """Names of hookable operations, as upstream's Python ``OpName`` (plus ``batch_op_issue``)."""
+
+    send = enum.auto()
+    recv = enum.auto()
+    broadcast = enum.auto()
+    all_reduce = enum.auto()
+    reduce = enum.auto()
+    all_gather = enum.auto()
+    all_gather_v = enum.auto()
+    all_gather_single = enum.auto()
+    reduce_scatter = enum.auto()
+    reduce_scatter_v = enum.auto()
+    reduce_scatter_single = enum.auto()
+    all_to_all_single = enum.auto()
+    all_to_all_v_single = enum.auto()
+    all_to_all = enum.auto()
+    barrier = enum.auto()
+    scatter = enum.auto()
+    gather = enum.auto()
+    gather_single = enum.auto()
+    split = enum.auto()
+    new_window = enum.auto()
+    finalize = enum.auto()
+    batch_op_issue = enum.auto()
+
+
+class P2POpType(enum.Enum):
+    SEND = 0
+    RECV = 1
+
+
+class P2POp:
+    """One send or receive inside a ``BatchSendRecv``."""
+
+    __slots__ = ("peer", "tensor", "type")
+
+    def __init__(self, type: P2POpType, tensor: torch.Tensor, peer: int) -> None:
+        self.type = type
+        self.tensor = tensor
+        self.peer = peer
+
+    def __repr__(self) -> str:
+        return f"P2POp({self.type.name}, shape={tuple(self.tensor.shape)}, peer={self.peer})"
+
+
+class Timeout(timedelta):
+    """A timeout; a ``timedelta`` subclass as upstream's ``torchcomms.Timeout``."""
+
+
+DEFAULT_TIMEOUT = timedelta(seconds=600)
+
+
+class CommOptions:
+    """Communicator-wide options; ``None`` arguments of ``new_comm`` keep these defaults."""
+
+    def __init__(self) -> None:
+        self.abort_process_on_timeout_or_error: bool = True
+        self.timeout: timedelta = DEFAULT_TIMEOUT
+        self.is_high_priority_stream: bool = False
+        self.store: Any = None
+        self.enable_reconfigure: bool = False
+        self.hints: dict[str, str] = {}
+
+    def __repr__(self) -> str:
+        return (
+            "CommOptions("
+            f"abort_process_on_timeout_or_error={self.abort_process_on_timeout_or_error}, "
+            f"timeout={self.timeout.total_seconds()}s, "
+            f"is_high_priority_stream={self.is_high_priority_stream}, "
+            f"store={type(self.store).__name__ if self.store is not None else None}, "
+            f"enable_reconfigure={self.enable_reconfigure}, hints={self.hints})"
+        )
+
+
+class BatchP2POptions:
+    """Options of ``BatchSendRecv.issue``."""
+
+    def __init__(self) -> None:
+        self.hints: dict[str, str] = {}
+        self.timeout: timedelta = timedelta(0)
+
+
+class OpOptions:
+    """Per-op options handed to native backends: resolved timeout, hints, and the op's identity."""
+
+    __slots__ = ("hints", "op_id", "op_name", "timeout")
+
+    def __init__(
+        self,
+        timeout: timedelta,
+        hints: dict[str, str] | None = None,
+        op_name: str = "",
+        op_id: int | None = None,
+    ) -> None:
+        self.timeout = timeout
+        self.hints = hints or {}
+        self.op_name = op_name
+        self.op_id = op_id

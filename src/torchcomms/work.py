@@ -1,0 +1,177 @@
+"""Works: the handle every operation returns, and how errors travel back to ``wait()``.
+
+Concurrency: a work is completed by exactly one producer (the comm's executor
+thread, or the thread that issued a sync op) and waited on by any thread.  The
+producer stores the result or the exception, then sets an ``Event``; ``wait()``
+blocks on that event with a deadline and re-raises the stored exception.  A
+work may carry a *completion* (e.g. "wait for these posted gloo receives"),
+run once by the first ``wait()`` after the producer finished.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from torchcomms.errors import CommTimeoutError
+
+WAIT_BLOCKING_UNSUPPORTED = "[TorchWork]: waitBlocking not implemented for this work type"
+
+
+class WorkStatus(enum.Enum):
+    NOT_STARTED = 0
+    INPROGRESS = 1
+    COMPLETED = 2
+    TIMEDOUT = 3
+    ERROR = 4
+
+
+class TorchWork:
+    """A handle on an issued operation; ``wait()`` blocks until it finished and re-raises its error."""
+
+    def __init__(self) -> None:
+        self._status = WorkStatus.COMPLETED
+        self._python_created = False
+
+    def is_completed(self) -> bool:
+        return self._status is WorkStatus.COMPLETED
+
+    def status(self) -> WorkStatus:
+        return self._status
+
+    def wait(self) -> None:
+        """Block until the operation finished; a sync op's work returns at once."""
+
+    def wait_blocking(self) -> None:
+        """Block the host until done; supported by already-completed works only (as upstream)."""
+        if self._status is not WorkStatus.COMPLETED:
+            raise RuntimeError(WAIT_BLOCKING_UNSUPPORTED)
+
+    def exception(self) -> BaseException | None:
+        return None
+
+    def _set_status(self, status: WorkStatus) -> None:
+        if not self._python_created:
+            raise RuntimeError("_set_status is only supported on Python-created work objects")
+        self._status = status
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(status={self._status.name})"
+
+
+class CompletedWork(TorchWork):
+    """The work of an operation that already finished when it was returned."""
+
+
+class AsyncWork(TorchWork):
+    """The work of an operation running in the background (see the module docstring)."""
+
+    def __init__(self, description: str, timeout_s: float) -> None:
+        super().__init__()
+        self._status = WorkStatus.NOT_STARTED
+        self._description = description
+        self._timeout_s = timeout_s
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._completion: Callable[[], None] | None = None
+        self._completion_lock = threading.RLock()
+        self._callbacks: list[Callable[[TorchWork], None]] = []
+
+    # -- producer side -------------------------------------------------------------------
+    def _mark_started(self) -> None:
+        self._status = WorkStatus.INPROGRESS
+
+    def _finish(
+        self, error: BaseException | None, completion: Callable[[], None] | None = None
+    ) -> None:
+        self._error = error
+        self._completion = completion
+        if error is not None:
+            self._status = (
+                WorkStatus.TIMEDOUT if isinstance(error, CommTimeoutError) else WorkStatus.ERROR
+            )
+        elif completion is None:
+            self._status = WorkStatus.COMPLETED
+        self._done.set()
+        if completion is None:
+            self._run_callbacks()
+
+    # -- consumer side -------------------------------------------------------------------
+    def is_completed(self) -> bool:
+        return self._done.is_set() and self._completion is None and self._error is None
+
+    def wait(self) -> None:
+        # The producer enforces the op's own deadline; this bound only guards against a stuck
+        # executor (e.g. an earlier op that never returns), so it is generous.
+        bound = self._timeout_s * 2 + 30.0
+        if not self._done.wait(bound):
+            self._status = WorkStatus.TIMEDOUT
+            raise CommTimeoutError(
+                f"{self._description}: work did not complete within {bound:.0f} s"
+            )
+        if self._error is not None:
+            raise self._error
+        with self._completion_lock:
+            completion = self._completion
+            if completion is not None:
+                try:
+                    completion()
+                except BaseException as exc:
+                    self._error = exc
+                    self._status = (
+                        WorkStatus.TIMEDOUT
+                        if isinstance(exc, CommTimeoutError)
+                        else WorkStatus.ERROR
+                    )
+                    self._completion = None
+                    self._run_callbacks()
+                    raise
+                self._completion = None
+                self._status = WorkStatus.COMPLETED
+                self._run_callbacks()
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def _add_done_callback(self, callback: Callable[[TorchWork], None]) -> None:
+        """Run ``callback(work)`` once the work is fully complete (used by the c10d bridge)."""
+        run_now = False
+        with self._completion_lock:
+            if self._done.is_set() and self._completion is None:
+                run_now = True
+            else:
+                self._callbacks.append(callback)
+        if run_now:
+            callback(self)
+
+    def _run_callbacks(self) -> None:
+        with self._completion_lock:
+            callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            cb(self)
+
+
+class PythonBackendWork(TorchWork):
+    """Wraps the object a Python backend returned: ``wait()`` calls its ``wait()`` once."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__()
+        self._python_created = True
+        self._inner = inner
+        self._status = WorkStatus.INPROGRESS
+        self._waited = False
+
+    def wait(self) -> None:
+        if self._waited:
+            return
+        self._inner.wait()
+        self._waited = True
+        self._status = WorkStatus.COMPLETED
+
+
+def completed_python_work() -> TorchWork:
+    work = CompletedWork()
+    work._python_created = True
+    return work

@@ -1,0 +1,43 @@
+"""Pytest glue for the multi-process harness (see ``tests/harness.py``).
+
+The package is normally installed with ``pip install -e .``, but a bare checkout must work
+too, so the repository root (for ``tests.*``, which workers import functions from) and
+``src/`` (for ``torchcomms``) are put on ``sys.path`` before anything imports them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for _path in (os.path.join(_REPO_ROOT, "src"), _REPO_ROOT):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from tests import harness  # noqa: E402  (needs the sys.path set-up above)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Fail at start-up, not in the middle of a run, on a malformed timeout scale."""
+    try:
+        harness.timeout_scale()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"torchcomms harness: TORCHCOMM_TEST_TIMEOUT_SCALE={harness.timeout_scale():g}"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop pooled workers while pytest still owns the terminal (atexit is the fallback)."""
+    harness.shutdown()
+
+
+@pytest.fixture
+def timeout_scale() -> float:
+    """``TORCHCOMM_TEST_TIMEOUT_SCALE``, for tests that compute their own time limits."""
+    return harness.timeout_scale()

@@ -1,0 +1,272 @@
+"""Tests of the multi-process harness itself (``tests/harness.py``).
+
+Rank functions are module-level because the harness pickles them by reference. Tests are
+ordered so that the cheap, successful ones warm the pools first and each failure test's
+follow-up run reuses the respawned pool of the next one: spawning a torch worker costs
+about 1.5 s of CPU here, which dominates this file's run time.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch._C._distributed_c10d import AllreduceOptions, ProcessGroupGloo, ReduceOp
+
+from tests import harness
+from tests.harness import RankContext, RankFailure, run_ranks, run_torchrun
+
+ENV_KEYS = (
+    "TORCHCOMM_RANK",
+    "TORCHCOMM_SIZE",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+def _gone(pid: int) -> bool:
+    """True if no process (not even a zombie) has this pid any more."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+# ----------------------------------------------------------------------------- rank functions
+
+
+def _identity(ctx: RankContext, tag: str) -> tuple[int, int, int, int, str]:
+    return (ctx.rank, ctx.world_size, os.getpid(), ctx.task_id, tag)
+
+
+def _pid(ctx: RankContext) -> int:
+    return os.getpid()
+
+
+def _store_exchange(ctx: RankContext) -> list[str]:
+    ctx.store.set(f"from{ctx.rank}", f"hello from {ctx.rank}")
+    return [ctx.store.get(f"from{r}").decode() for r in range(ctx.world_size)]
+
+
+def _gloo_allreduce(ctx: RankContext) -> tuple[float, list[str]]:
+    # Every rank drops a file into the shared tmpdir before the collective, so after it
+    # all files must be visible to everyone.
+    Path(ctx.tmpdir, f"rank{ctx.rank}").write_text("x")
+    pg = ProcessGroupGloo(ctx.store, ctx.rank, ctx.world_size, datetime.timedelta(seconds=20))
+    tensor = torch.tensor([float(ctx.rank + 1)])
+    opts = AllreduceOptions()
+    opts.reduceOp = ReduceOp.SUM
+    pg.allreduce([tensor], opts).wait()
+    return tensor.item(), sorted(os.listdir(ctx.tmpdir))
+
+
+def _env_snapshot(ctx: RankContext) -> dict[str, Any]:
+    snapshot: dict[str, Any] = {key: os.environ.get(key) for key in ENV_KEYS}
+    snapshot["ctx_port"] = ctx.master_port
+    snapshot["ctx_addr"] = ctx.master_addr
+    snapshot["HARNESS_EXTRA"] = os.environ.get("HARNESS_EXTRA")
+    snapshot["HARNESS_LEAK"] = os.environ.get("HARNESS_LEAK")
+    snapshot["HOME"] = os.environ.get("HOME")
+    os.environ["HARNESS_LEAK"] = "leaked"  # must not survive into the next task
+    return snapshot
+
+
+def _raise_on_some(ctx: RankContext) -> str:
+    if ctx.rank > 0:
+        raise ValueError(f"boom from rank {ctx.rank}")
+    return "fine"
+
+
+def _hang_on_rank0(ctx: RankContext) -> str:
+    if ctx.rank == 0:
+        time.sleep(600)
+    return "fine"
+
+
+def _raise_rank1_hang_rank0(ctx: RankContext) -> None:
+    if ctx.rank == 1:
+        raise RuntimeError("rank 1 gave up")
+    time.sleep(600)
+
+
+def _sigkill_rank1(ctx: RankContext) -> str:
+    if ctx.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "fine"
+
+
+def _unpicklable_result(ctx: RankContext) -> Any:
+    return lambda: None
+
+
+def _sys_exit(ctx: RankContext) -> None:
+    raise SystemExit(3)
+
+
+# --------------------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_return_values_per_rank(world_size: int) -> None:
+    results = run_ranks(_identity, world_size, "tag")
+    assert [r[:2] for r in results] == [(rank, world_size) for rank in range(world_size)]
+    assert len({r[2] for r in results}) == world_size  # one process per rank
+    assert len({r[3] for r in results}) == 1  # one task
+    assert all(r[4] == "tag" for r in results)
+
+
+def test_pool_is_reused_between_tasks() -> None:
+    first = run_ranks(_identity, 2, "a")
+    second = run_ranks(_identity, 2, "b")
+    assert [r[2] for r in first] == [r[2] for r in second]
+    assert second[0][3] > first[0][3]  # fresh task id
+
+
+def test_store_exchange() -> None:
+    expected = [f"hello from {r}" for r in range(3)]
+    assert run_ranks(_store_exchange, 3) == [expected] * 3
+    # Keys are prefixed per task, so the same keys do not collide with the previous task.
+    assert run_ranks(_store_exchange, 3) == [expected] * 3
+
+
+def test_gloo_allreduce_and_shared_tmpdir() -> None:
+    results = run_ranks(_gloo_allreduce, 4)
+    assert results == [(10.0, ["rank0", "rank1", "rank2", "rank3"])] * 4
+
+
+def test_env_set_during_task_and_restored_after() -> None:
+    before = os.environ.get("HOME")
+    first = run_ranks(_env_snapshot, 2, env={"HARNESS_EXTRA": "yes", "HOME": None})
+    ports = {snap["MASTER_PORT"] for snap in first}
+    assert len(ports) == 1
+    for rank, snap in enumerate(first):
+        assert snap["TORCHCOMM_RANK"] == snap["RANK"] == snap["LOCAL_RANK"] == str(rank)
+        assert snap["TORCHCOMM_SIZE"] == snap["WORLD_SIZE"] == snap["LOCAL_WORLD_SIZE"] == "2"
+        assert snap["MASTER_ADDR"] == snap["ctx_addr"] == "127.0.0.1"
+        assert snap["MASTER_PORT"] == str(snap["ctx_port"])
+        assert snap["HARNESS_EXTRA"] == "yes"
+        assert snap["HOME"] is None  # None in env= unsets
+        assert snap["HARNESS_LEAK"] is None
+
+    second = run_ranks(_env_snapshot, 2)
+    for snap in second:
+        assert snap["HARNESS_EXTRA"] is None
+        assert snap["HARNESS_LEAK"] is None  # set by the previous task, then restored
+        assert snap["HOME"] == before
+        assert snap["MASTER_PORT"] not in ports  # fresh port per task
+    assert os.environ.get("HOME") == before  # the parent's environment is untouched
+
+
+def test_raising_ranks_are_all_reported() -> None:
+    pids = run_ranks(_pid, 3)
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_raise_on_some, 3)
+    message = str(info.value)
+    assert "--- rank 1 raised:" in message
+    assert "ValueError: boom from rank 1" in message
+    assert "--- rank 2 raised:" in message
+    assert "ValueError: boom from rank 2" in message
+    assert "rank 0" not in message
+    assert "Traceback (most recent call last)" in message
+    assert sorted(info.value.errors) == [1, 2]
+    assert info.value.timed_out == [] and info.value.died == {}
+    # The failed pool was discarded and its processes reaped.
+    assert all(_gone(pid) for pid in pids)
+
+
+def test_hanging_rank_times_out_and_pool_respawns() -> None:
+    pids = run_ranks(_pid, 2)
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_hang_on_rank0, 2, timeout=3.0)
+    elapsed = time.monotonic() - start
+    assert info.value.timed_out == [0]
+    message = str(info.value)
+    assert "--- rank 0 timed out" in message
+    assert "_hang_on_rank0" in message  # the faulthandler stack dump of the stuck worker
+    assert elapsed < 3.0 * harness.timeout_scale() + 8.0
+    assert all(_gone(pid) for pid in pids)
+    new_pids = run_ranks(_pid, 2)
+    assert set(new_pids).isdisjoint(pids)
+
+
+def test_failure_grace_period_bounds_wait_for_other_ranks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(harness, "FAILURE_GRACE_S", 0.5)
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_raise_rank1_hang_rank0, 2, timeout=60.0)
+    assert time.monotonic() - start < 30.0
+    assert list(info.value.errors) == [1]
+    assert info.value.timed_out == [0]
+    message = str(info.value)
+    assert "RuntimeError: rank 1 gave up" in message
+    assert "--- rank 0 timed out" in message
+
+
+def test_killed_worker_is_reported_and_pool_respawns() -> None:
+    pids = run_ranks(_pid, 2)
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_sigkill_rank1, 2)
+    assert info.value.died.keys() == {1}
+    assert "--- rank 1 died: worker pid" in str(info.value)
+    assert "SIGKILL" in str(info.value)
+    assert all(_gone(pid) for pid in pids)
+    assert set(run_ranks(_pid, 2)).isdisjoint(pids)
+
+
+def test_fresh_uses_new_processes_and_discards_them() -> None:
+    pooled = run_ranks(_pid, 2)
+    fresh = run_ranks(_pid, 2, fresh=True)
+    assert set(fresh).isdisjoint(pooled)
+    assert all(_gone(pid) for pid in fresh)
+    assert run_ranks(_pid, 2) == pooled  # the pool was left alone
+
+
+def test_unpicklable_return_value_is_an_error() -> None:
+    with pytest.raises(RankFailure, match="could not be pickled"):
+        run_ranks(_unpicklable_result, 1)
+
+
+def test_sys_exit_is_an_error_not_a_death() -> None:
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_sys_exit, 1)
+    assert list(info.value.errors) == [0]
+    assert "SystemExit: 3" in str(info.value)
+
+
+def test_local_function_is_rejected_before_running() -> None:
+    def local(ctx: RankContext) -> None:
+        pass
+
+    with pytest.raises(TypeError, match="module-level function"):
+        run_ranks(local, 2)
+
+
+def test_run_torchrun(tmp_path: Path) -> None:
+    script = tmp_path / "show_env.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os
+            print(f"rank={os.environ['RANK']} world={os.environ['WORLD_SIZE']}", flush=True)
+            """
+        )
+    )
+    proc = run_torchrun([str(script)], nproc=2, timeout=60.0)
+    assert proc.returncode == 0, proc.stdout
+    assert "rank=0 world=2" in proc.stdout
+    assert "rank=1 world=2" in proc.stdout
