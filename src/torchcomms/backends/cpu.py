@@ -14,10 +14,12 @@ poisons the communicator: later ops fail fast with the original cause.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import logging
 import threading
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -90,6 +92,17 @@ def _c10d_op(op: ReduceOp, dtype: torch.dtype) -> Any:
     return _C10D_OPS[op.type]
 
 
+# Live communicators, released at interpreter exit: a ProcessGroupGloo destroyed during
+# interpreter teardown can abort the process ("terminate called without an active exception").
+_live: weakref.WeakSet[TorchCommGloo] = weakref.WeakSet()
+
+
+@atexit.register
+def _release_live_comms() -> None:
+    for comm in list(_live):
+        comm._release(join_timeout_s=1.0)
+
+
 class _Deadline:
     """The absolute deadline of one op; composite ops split it across their gloo calls."""
 
@@ -159,6 +172,7 @@ class TorchCommGloo(TorchCommBackend):
             c10d.PrefixStore("gloo", store.store), rank, size, gloo_opts
         )
         self._executor = OpExecutor(name)
+        _live.add(self)
 
     def _gloo_device(self, store: c10d.Store, hints: dict[str, str]) -> Any:
         """Loopback when every member is on this host, else the configured/default interface."""
@@ -179,9 +193,14 @@ class TorchCommGloo(TorchCommBackend):
         return c10d.ProcessGroupGloo.create_default_device(lazy_init=lazy)
 
     def finalize(self) -> None:
+        self._release(join_timeout_s=self._timeout.total_seconds())
+
+    def _release(self, join_timeout_s: float) -> None:
+        """Finish queued ops (bounded), then drop the process group and the store."""
+        _live.discard(self)
         executor, self._executor = self._executor, None
         if executor is not None:
-            executor.close(self._timeout.total_seconds())
+            executor.close(join_timeout_s)
         self._pg = None
         if self._store is not None:
             self._store.close()
