@@ -208,11 +208,18 @@ class TorchComm:
             self._impl.supported_dtypes(),
         )
 
-    def _resolve_timeout(self, timeout: timedelta | None) -> timedelta:
+    def _resolve_timeout(self, timeout: timedelta | None, op: str, hints: Any = None) -> timedelta:
+        """The op's timeout (the comm's default when unset); also type-checks ``hints``."""
+        if hints is not None and not isinstance(hints, dict):
+            raise TypeError(
+                f"{self._prefix(op)}hints must be a dict[str, str], got {type(hints).__name__}"
+            )
         if timeout is None:
             return self._options.timeout
         if not isinstance(timeout, timedelta):
-            raise TypeError(f"timeout must be a timedelta, got {type(timeout).__name__}")
+            raise TypeError(
+                f"{self._prefix(op)}timeout must be a timedelta, got {type(timeout).__name__}"
+            )
         if timeout <= timedelta(0):
             return self._options.timeout
         return timeout
@@ -227,7 +234,7 @@ class TorchComm:
         plugin: Callable[[], Any],
     ) -> TorchWork:
         """Assign an op_id, run pre-hooks, call the backend, run post-hooks."""
-        resolved = self._resolve_timeout(timeout)
+        resolved = self._resolve_timeout(timeout, name.name, hints)
         op_id = _next_op_id()
         self._run_pre_hooks(name, op_id, pre_args)
         if self._native:
@@ -758,12 +765,13 @@ class TorchComm:
         members = c.split_ranks(ranks)
         if not isinstance(name, str) or not name:
             raise TypeError(f"{c.prefix}name must be a non-empty str")
+        child_timeout = self._resolve_timeout(timeout, "split", hints)
         op_id = _next_op_id()
         self._run_pre_hooks(OpName.split, op_id, hook_args.SplitPreHookArgs(members, name))
         if not members:
             return None
         child_options = CommOptions()
-        child_options.timeout = self._resolve_timeout(timeout)
+        child_options.timeout = child_timeout
         child_options.abort_process_on_timeout_or_error = (
             self._options.abort_process_on_timeout_or_error
         )
@@ -853,7 +861,7 @@ class BatchSendRecv:
             raise RuntimeError(
                 "[PyTorchCommBackend]: batch_op_issue not implemented for Python backends"
             )
-        resolved = comm._resolve_timeout(opts.timeout)
+        resolved = comm._resolve_timeout(opts.timeout, "batch_op_issue", opts.hints)
         op_id = _next_op_id()
         comm._run_pre_hooks(
             OpName.batch_op_issue, op_id, hook_args.BatchOpIssuePreHookArgs(len(ops), async_op)

@@ -114,7 +114,14 @@ class ReduceOp:
         return result
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (ReduceOp, (self._type, self._factor))
+        if self._type is RedOpType.PREMUL_SUM:
+            return (ReduceOp, (self._type, self._factor))
+        return (_singleton, (self._type.name,))  # unpickles to the singleton itself
+
+
+def _singleton(name: str) -> ReduceOp:
+    op: ReduceOp = getattr(ReduceOp, name)
+    return op
 
 
 for _t in RedOpType:

@@ -135,6 +135,11 @@ class AsyncWork(TorchWork):
     def exception(self) -> BaseException | None:
         return self._error
 
+    def wait_blocking(self) -> None:
+        # Upstream's threaded gloo works never implement it, whatever their state; keying on
+        # the status would make the outcome depend on how fast the op ran.
+        raise RuntimeError(WAIT_BLOCKING_UNSUPPORTED)
+
     def _add_done_callback(self, callback: Callable[[TorchWork], None]) -> None:
         """Run ``callback(work)`` once the work is fully complete (used by the c10d bridge)."""
         run_now = False
