@@ -8,30 +8,34 @@ Concurrency model
 -----------------
 * **Parent (the pytest process), main thread.** Owns everything: one ``TCPStore`` server
   (port chosen by the kernel, ``wait_for_workers=False``), a session temp root, a task-id
-  counter, and one pool of workers per world size, created lazily and kept until
-  :func:`shutdown` (called from ``conftest.pytest_sessionfinish`` and ``atexit``).
-  :func:`run_ranks` is serialised by a lock; it pickles ``(fn, args)`` once, sends one
-  task message per worker over that worker's private duplex ``Pipe`` and then waits on all
-  pipes *and* all process sentinels with ``multiprocessing.connection.wait`` under a single
-  deadline. The parent never trusts a worker to finish: the deadline is always enforced.
-* **Workers (one spawned process per rank), main thread.** Started with the ``spawn``
+  counter and the worker pool, kept until :func:`shutdown` (called from
+  ``conftest.pytest_sessionfinish``, with ``atexit`` as fallback). The pool is one list of
+  workers that grows on demand: a task of world size N runs on ``pool[:N]`` and the
+  worker at index i plays rank i, so world sizes 1..4 share 4 processes instead of 10
+  (spawns dominate the run time on 2 cores). :func:`run_ranks` is serialised by a lock;
+  it pickles ``(fn, args)`` once, sends every worker its task over that worker's private
+  duplex ``Pipe`` and waits on all pipes *and* all process sentinels with
+  ``multiprocessing.connection.wait`` under a single deadline. The parent never trusts a
+  worker to finish: the deadline is always enforced from here.
+* **Workers (one spawned process each), main thread only.** Started with the ``spawn``
   context, daemonic, SIGINT ignored, ``PR_SET_PDEATHSIG=SIGKILL`` on Linux so they die with
   the parent. At start-up each imports torch once, calls ``torch.set_num_threads(1)``,
   points ``faulthandler`` (fatal signals and ``SIGUSR1``, all threads) at a per-worker dump
-  file, connects one client ``TCPStore`` to the parent's server and sends ``("ready", pid)``.
-  Then it loops: receive a task, set the task's environment, build a :class:`RankContext`
-  (fresh ``PrefixStore(f"task{id}", client)``), run ``fn(ctx, *args)`` in the main thread,
-  restore environment and cwd, reply, repeat. An empty message or EOF ends the loop.
+  file, connects one client ``TCPStore`` to the parent's server, freezes the GC and sends
+  ``("ready", pid)``. Then it loops: receive a task, set the task's environment, build a
+  :class:`RankContext` (fresh ``PrefixStore(f"task{id}", client)``), run ``fn(ctx, *args)``,
+  restore environment and cwd, collect garbage, reply. An empty message or EOF ends it.
 * **How errors travel.** A worker replies ``(task_id, "ok", pickled_return_value)`` or
   ``(task_id, "error", formatted_traceback)``; a return value that cannot be pickled is an
   error. A worker that dies is seen as its sentinel firing / EOF on its pipe, and its exit
   code or signal is reported. If some rank fails the parent keeps collecting the other
   ranks for at most :data:`FAILURE_GRACE_S` more seconds (so that every traceback is shown),
-  never past the deadline. Ranks still running at the end are sent ``SIGUSR1``; one second
-  later their stack dumps are read back from the dump files. Everything is raised as one
-  :class:`RankFailure`. After *any* failure the whole pool is SIGKILLed and reaped, so the
-  next :func:`run_ranks` on that world size starts from fresh processes: tests may leave
-  broken state (half-open sockets, stuck threads) behind.
+  never past the deadline. Ranks still running at the end are sent ``SIGUSR1`` and their
+  faulthandler stack dumps are read back from the dump files into the message (so they
+  show up in the assertion, not only in captured stderr). Everything is raised as one
+  :class:`RankFailure`. The workers of a failed task (error, death or timeout) are
+  SIGKILLed and reaped, so later tasks run on fresh processes: tests may leave broken
+  state (half-open sockets, stuck threads) behind.
 
 Functions are pickled by reference, so they must be module-level functions in an importable
 module (``tests`` is a package and the repository root is on the workers' ``sys.path``).
@@ -83,10 +87,12 @@ SRC_DIR = os.path.join(REPO_ROOT, "src")
 
 #: After the first failed rank, wait at most this long (scaled) for the remaining ranks.
 FAILURE_GRACE_S = 10.0
-#: How long (scaled) a new pool may take to import torch and connect to the store.
+#: How long (scaled) new workers may take to import torch and connect to the store.
 STARTUP_TIMEOUT_S = 120.0
-#: Time given to stuck workers to write their SIGUSR1 stack dumps.
+#: Longest time given to stuck workers to write their SIGUSR1 stack dumps.
 STACK_DUMP_WAIT_S = 1.0
+#: A dump file that has not grown for this long is considered complete.
+_DUMP_SETTLE_S = 0.1
 #: Time (scaled) a worker gets to exit after a polite shutdown request before SIGKILL.
 SHUTDOWN_GRACE_S = 5.0
 
@@ -189,8 +195,6 @@ def _set_parent_death_signal() -> None:
 
 def _worker_main(
     conn: multiprocessing.connection.Connection,
-    rank: int,
-    world_size: int,
     store_port: int,
     dump_path: str,
     parent_pid: int,
@@ -210,6 +214,8 @@ def _worker_main(
         faulthandler.enable(file=dump_file, all_threads=True)
         faulthandler.register(signal.SIGUSR1, file=dump_file, all_threads=True)
         client = TCPStore(MASTER_ADDR, store_port, is_master=False)
+        gc.collect()
+        gc.freeze()  # startup objects are permanent: keeps the per-task gc.collect() cheap
     except BaseException:
         with contextlib.suppress(Exception):
             conn.send(("startup-error", traceback.format_exc()))
@@ -222,10 +228,7 @@ def _worker_main(
             break
         if message == _SHUTDOWN:
             break
-        task_id, payload, env, master_port, tmpdir, store_timeout_s = pickle.loads(message)
-        reply = _run_task(
-            client, rank, world_size, task_id, payload, env, master_port, tmpdir, store_timeout_s
-        )
+        reply = _execute_task(client, *pickle.loads(message))
         try:
             conn.send(reply)
         except (BrokenPipeError, OSError):
@@ -233,11 +236,11 @@ def _worker_main(
     dump_file.close()
 
 
-def _run_task(
+def _execute_task(
     client: TCPStore,
+    task_id: int,
     rank: int,
     world_size: int,
-    task_id: int,
     payload: bytes,
     env: Mapping[str, str | None],
     master_port: int,
@@ -292,7 +295,12 @@ def _run_task(
         os.environ.update(saved_env)
         with contextlib.suppress(OSError):
             os.chdir(saved_cwd)
+        # The rank's prints belong to the test that is running now, not to a later one.
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
         gc.collect()  # drop process groups etc. created by the task now, not mid-next-task
+        gc.freeze()  # e.g. modules the task imported: do not rescan them after every task
 
 
 def _apply_env(env: Mapping[str, str | None]) -> None:
@@ -309,12 +317,25 @@ def _apply_env(env: Mapping[str, str | None]) -> None:
 
 @dataclass
 class _Worker:
-    rank: int
+    """The parent's handle on one worker process."""
+
     process: multiprocessing.process.BaseProcess
     conn: multiprocessing.connection.Connection
     dump_path: str
-    pid: int = 0
+    pid: int
     dump_offset: int = 0
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def dump_size(self) -> int:
+        try:
+            return os.path.getsize(self.dump_path)
+        except OSError:
+            return 0
+
+    def mark_dump_offset(self) -> None:
+        self.dump_offset = self.dump_size()
 
     def read_dump(self) -> str:
         """Return what faulthandler wrote to this worker's dump file since the task began."""
@@ -324,12 +345,6 @@ class _Worker:
                 return f.read()
         except OSError:
             return ""
-
-    def mark_dump_offset(self) -> None:
-        try:
-            self.dump_offset = os.path.getsize(self.dump_path)
-        except OSError:
-            self.dump_offset = 0
 
     def describe_exit(self) -> str:
         """Say how this worker's process ended (reaping it if it has)."""
@@ -346,88 +361,6 @@ class _Worker:
         return f"worker pid {self.pid} exited with code {code}"
 
 
-class _Pool:
-    """``world_size`` worker processes, one per rank, that run tasks in lock step."""
-
-    _counter = itertools.count()
-
-    def __init__(self, world_size: int, store_port: int, dump_dir: str) -> None:
-        self.world_size = world_size
-        self.workers: list[_Worker] = []
-        ctx = multiprocessing.get_context("spawn")
-        pool_id = next(self._counter)
-        try:
-            for rank in range(world_size):
-                parent_conn, child_conn = ctx.Pipe(duplex=True)
-                dump_path = os.path.join(dump_dir, f"pool{pool_id}-ws{world_size}-r{rank}.txt")
-                process = ctx.Process(
-                    target=_worker_main,
-                    args=(child_conn, rank, world_size, store_port, dump_path, os.getpid()),
-                    name=f"harness-ws{world_size}-rank{rank}",
-                    daemon=True,
-                )
-                process.start()
-                child_conn.close()  # so EOF on parent_conn means the worker is gone
-                self.workers.append(_Worker(rank, process, parent_conn, dump_path))
-            self._wait_ready(time.monotonic() + STARTUP_TIMEOUT_S * timeout_scale())
-        except BaseException:
-            self.kill()
-            raise
-
-    def _wait_ready(self, deadline: float) -> None:
-        pending = {w.rank: w for w in self.workers}
-        problems: dict[int, str] = {}
-        while pending and not problems:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            waitables: list[Any] = [w.conn for w in pending.values()]
-            waitables += [w.process.sentinel for w in pending.values()]
-            ready = multiprocessing.connection.wait(waitables, timeout=remaining)
-            for rank, worker in list(pending.items()):
-                if worker.conn not in ready and worker.process.sentinel not in ready:
-                    continue
-                message = _try_recv(worker.conn)
-                if message is None:
-                    problems[rank] = worker.describe_exit()
-                elif message[0] == "ready":
-                    worker.pid = int(message[1])
-                    del pending[rank]
-                else:
-                    problems[rank] = f"failed to start:\n{message[1]}"
-        for rank in pending:
-            problems.setdefault(rank, "did not start in time")
-        if problems:
-            lines = [f"could not start a pool of {self.world_size} workers:"]
-            lines += [f"--- rank {r}: {problems[r]}" for r in sorted(problems)]
-            raise RankFailure("\n".join(lines), died=problems)
-
-    def alive(self) -> bool:
-        return all(w.process.is_alive() for w in self.workers)
-
-    def kill(self) -> None:
-        """SIGKILL every worker and reap it: a discarded pool must leave no process behind."""
-        for worker in self.workers:
-            if worker.process.pid is not None and worker.process.exitcode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(worker.process.pid, signal.SIGKILL)
-        for worker in self.workers:
-            if worker.process.pid is not None:
-                worker.process.join(timeout=5.0)
-            worker.conn.close()
-        self.workers = []
-
-    def shutdown(self) -> None:
-        """Ask workers to exit cleanly, then kill whatever is left."""
-        for worker in self.workers:
-            with contextlib.suppress(OSError):
-                worker.conn.send_bytes(_SHUTDOWN)
-        deadline = time.monotonic() + SHUTDOWN_GRACE_S * timeout_scale()
-        for worker in self.workers:
-            worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
-        self.kill()
-
-
 def _try_recv(conn: multiprocessing.connection.Connection) -> Any | None:
     """Receive one message, or return ``None`` if the other end is gone."""
     try:
@@ -438,12 +371,99 @@ def _try_recv(conn: multiprocessing.connection.Connection) -> Any | None:
         return None
 
 
+def _spawn_workers(count: int, store_port: int, dump_dir: str) -> list[_Worker]:
+    """Start ``count`` workers at once (their torch imports overlap) and wait until ready."""
+    ctx = multiprocessing.get_context("spawn")
+    workers: list[_Worker] = []
+    try:
+        for _ in range(count):
+            parent_conn, child_conn = ctx.Pipe(duplex=True)
+            dump_path = os.path.join(dump_dir, f"worker{next(_worker_ids)}.txt")
+            process = ctx.Process(
+                target=_worker_main,
+                args=(child_conn, store_port, dump_path, os.getpid()),
+                name="harness-worker",
+                daemon=True,
+            )
+            process.start()
+            child_conn.close()  # so that EOF on parent_conn means the worker is gone
+            workers.append(_Worker(process, parent_conn, dump_path, pid=process.pid or 0))
+        _wait_ready(workers, time.monotonic() + STARTUP_TIMEOUT_S * timeout_scale())
+    except BaseException:
+        _kill_workers(workers)
+        raise
+    return workers
+
+
+_worker_ids = itertools.count()
+
+
+def _wait_ready(workers: list[_Worker], deadline: float) -> None:
+    pending = dict(enumerate(workers))
+    problems: dict[int, str] = {}
+    while pending and not problems:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        waitables: list[Any] = [w.conn for w in pending.values()]
+        waitables += [w.process.sentinel for w in pending.values()]
+        ready = multiprocessing.connection.wait(waitables, timeout=remaining)
+        for index, worker in list(pending.items()):
+            if worker.conn not in ready and worker.process.sentinel not in ready:
+                continue
+            message = _try_recv(worker.conn)
+            if message is None:
+                problems[index] = worker.describe_exit()
+            elif message[0] == "ready":
+                del pending[index]
+            else:
+                problems[index] = f"failed to start:\n{message[1]}"
+    for index in pending:
+        problems.setdefault(index, f"worker pid {workers[index].pid} did not start in time")
+    if problems:
+        lines = [f"could not start {len(workers)} harness worker(s):"]
+        lines += [f"--- {problems[i]}" for i in sorted(problems)]
+        raise RankFailure("\n".join(lines))
+
+
+def _kill_workers(workers: Sequence[_Worker]) -> None:
+    """SIGKILL and reap: a discarded worker must leave no process (not even a zombie)."""
+    for worker in workers:
+        if worker.process.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signal.SIGKILL)
+    for worker in workers:
+        worker.process.join(timeout=5.0)
+        worker.conn.close()
+
+
+def _shutdown_workers(workers: Sequence[_Worker]) -> None:
+    """Ask workers to exit cleanly (their atexit hooks run), then kill whatever is left."""
+    if not workers:
+        return
+    for worker in workers:
+        with contextlib.suppress(OSError):
+            worker.conn.send_bytes(_SHUTDOWN)
+    try:
+        scale = timeout_scale()
+    except ValueError:  # reported elsewhere; shutting down must not fail because of it
+        scale = 1.0
+    deadline = time.monotonic() + SHUTDOWN_GRACE_S * scale
+    for worker in workers:
+        worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
+    _kill_workers(workers)
+
+
 class _Harness:
-    """Session-wide state of the parent: the store server, temp root and the pools."""
+    """Session-wide state of the parent: the store server, the temp root and the workers.
+
+    ``pool[i]`` plays rank ``i`` in every task whose world size exceeds ``i``; the pool
+    grows on demand, so a task of size N costs no spawn once N live workers exist.
+    """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.pools: dict[int, _Pool] = {}
+        self.pool: list[_Worker] = []
         self.task_ids = itertools.count(1)
         self._server: TCPStore | None = None
         self._root: str | None = None
@@ -462,30 +482,29 @@ class _Harness:
             os.mkdir(os.path.join(self._root, "stacks"))
         return self._root
 
-    def new_pool(self, world_size: int) -> _Pool:
-        return _Pool(world_size, self.server.port, os.path.join(self.root, "stacks"))
+    def spawn(self, count: int) -> list[_Worker]:
+        return _spawn_workers(count, self.server.port, os.path.join(self.root, "stacks"))
 
-    def pool(self, world_size: int) -> _Pool:
-        pool = self.pools.get(world_size)
-        if pool is not None and not pool.alive():
-            del self.pools[world_size]
-            pool.kill()
-            pool = None
-        if pool is None:
-            pool = self.new_pool(world_size)
-            self.pools[world_size] = pool
-        return pool
+    def acquire(self, world_size: int) -> list[_Worker]:
+        """Return live workers for ranks ``0..world_size-1``, spawning the missing ones."""
+        dead = [w for w in self.pool if not w.alive()]
+        if dead:  # e.g. killed from outside between tasks
+            self.discard(dead)
+        if len(self.pool) < world_size:
+            self.pool += self.spawn(world_size - len(self.pool))
+        return self.pool[:world_size]
 
-    def discard(self, pool: _Pool) -> None:
-        if self.pools.get(pool.world_size) is pool:
-            del self.pools[pool.world_size]
-        pool.kill()
+    def discard(self, workers: Sequence[_Worker]) -> None:
+        """Kill the workers of a failed task; later tasks get freshly spawned ones."""
+        _kill_workers(workers)
+        gone = {id(w) for w in workers}
+        # A worker learns its rank from each task, so the survivors just move up.
+        self.pool = [w for w in self.pool if id(w) not in gone]
 
     def shutdown(self) -> None:
         with self.lock:
-            pools, self.pools = list(self.pools.values()), {}
-            for pool in pools:
-                pool.shutdown()
+            workers, self.pool = self.pool, []
+            _shutdown_workers(workers)
             self._server = None
             if self._root is not None:
                 shutil.rmtree(self._root, ignore_errors=True)
@@ -512,11 +531,11 @@ def run_ranks(
     """Run ``fn(ctx, *args)`` on ``world_size`` ranks; return the results indexed by rank.
 
     ``timeout`` (scaled by ``TORCHCOMM_TEST_TIMEOUT_SCALE``) is one deadline for the whole
-    task, counted from when it is handed to the workers (starting a new pool is not
-    counted). ``env`` entries are set in every rank for the duration of the task (``None``
-    unsets). ``fresh=True`` runs the task on brand-new processes that are discarded
-    afterwards, for tests that need a pristine interpreter. Raises :class:`RankFailure` if
-    any rank raises, dies or misses the deadline.
+    task, counted from when it is handed to the workers (starting workers is not counted).
+    ``env`` entries are set in every rank for the duration of the task (``None`` unsets).
+    ``fresh=True`` runs the task on brand-new processes that are discarded afterwards, for
+    tests that need a pristine interpreter. Raises :class:`RankFailure` if any rank raises,
+    dies or misses the deadline; the workers of a failed task are killed.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -529,58 +548,61 @@ def run_ranks(
         ) from exc
     scale = timeout_scale()
     with _harness.lock:
-        pool = _harness.new_pool(world_size) if fresh else _harness.pool(world_size)
-        failed = True
+        workers = _harness.spawn(world_size) if fresh else _harness.acquire(world_size)
         try:
-            result = _run_task_on_pool(
-                pool, fn, payload, timeout * scale, dict(env or {}), FAILURE_GRACE_S * scale
+            results = _dispatch_task(
+                workers, fn, payload, timeout * scale, dict(env or {}), FAILURE_GRACE_S * scale
             )
-            failed = False
-            return result
-        finally:
+        except BaseException:  # also KeyboardInterrupt: the workers are mid-task
             if fresh:
-                if failed:
-                    pool.kill()
-                else:
-                    pool.shutdown()
-            elif failed:
-                _harness.discard(pool)
+                _kill_workers(workers)
+            else:
+                _harness.discard(workers)
+            raise
+        if fresh:
+            _shutdown_workers(workers)
+        return results
 
 
-def _run_task_on_pool(
-    pool: _Pool,
+def _dispatch_task(
+    workers: list[_Worker],
     fn: Callable[..., Any],
     payload: bytes,
     timeout: float,
     env: dict[str, str | None],
     grace: float,
 ) -> list[Any]:
+    """Hand one task to ``workers`` (index = rank) and collect every rank's outcome."""
+    world_size = len(workers)
     task_id = next(_harness.task_ids)
     tmpdir = os.path.join(_harness.root, f"task{task_id}")
     os.mkdir(tmpdir)
-    message = pickle.dumps((task_id, payload, env, free_port(), tmpdir, timeout))
+    master_port = free_port()
 
     results: dict[int, Any] = {}
     errors: dict[int, str] = {}
     died: dict[int, str] = {}
     pending: dict[int, _Worker] = {}
-    for worker in pool.workers:
+    for rank, worker in enumerate(workers):
         worker.mark_dump_offset()
+        message = (task_id, rank, world_size, payload, env, master_port, tmpdir, timeout)
         try:
-            worker.conn.send_bytes(message)
+            worker.conn.send_bytes(pickle.dumps(message))
         except OSError:
-            died[worker.rank] = worker.describe_exit()
+            died[rank] = worker.describe_exit()
         else:
-            pending[worker.rank] = worker
+            pending[rank] = worker
 
     start = time.monotonic()
     deadline = start + timeout
+    cut_short = False  # did a failure bring the deadline forward?
     grace_started = False
     while pending:
         now = time.monotonic()
         if (errors or died) and not grace_started:
             grace_started = True
-            deadline = min(deadline, now + grace)
+            if now + grace < deadline:
+                deadline, cut_short = now + grace, True
         if now >= deadline:
             break
         waitables: list[Any] = [w.conn for w in pending.values()]
@@ -592,13 +614,13 @@ def _run_task_on_pool(
             reply = _try_recv(worker.conn)
             if reply is None:
                 died[rank] = worker.describe_exit()
-                dump = worker.read_dump()
+                dump = worker.read_dump()  # e.g. a segfault's faulthandler traceback
                 if dump:
                     died[rank] += f"; faulthandler output:\n{dump}"
                 del pending[rank]
                 continue
             reply_task, status, value = reply
-            if reply_task != task_id:  # cannot happen: failed pools are discarded
+            if reply_task != task_id:  # cannot happen: workers of failed tasks are killed
                 continue
             del pending[rank]
             if status == "ok":
@@ -612,38 +634,57 @@ def _run_task_on_pool(
                 errors[rank] = value
 
     if not pending and not errors and not died:
-        return [results[rank] for rank in range(pool.world_size)]
+        return [results[rank] for rank in range(world_size)]
 
     elapsed = time.monotonic() - start
+    why = (
+        f"still running {grace:.1f} s after another rank failed"
+        if cut_short
+        else f"no result within the {timeout:.1f} s timeout"
+    )
     timed_out = sorted(pending)
-    dumps = _dump_stacks([pending[r] for r in timed_out])
+    dumps = _dump_stacks({rank: pending[rank] for rank in timed_out})
     lines = [
-        f"run_ranks({_name(fn)}, world_size={pool.world_size}) failed (task {task_id}): "
+        f"run_ranks({_name(fn)}, world_size={world_size}) failed (task {task_id}): "
         f"{len(errors)} raised, {len(died)} died, {len(timed_out)} timed out"
     ]
-    for rank in range(pool.world_size):
+    for rank in range(world_size):
         if rank in errors:
             lines.append(f"--- rank {rank} raised:\n{errors[rank].rstrip()}")
         elif rank in died:
             lines.append(f"--- rank {rank} died: {died[rank].rstrip()}")
         elif rank in pending:
             lines.append(
-                f"--- rank {rank} timed out (no result after {elapsed:.1f} s, "
-                f"timeout {timeout:.1f} s); stack dump of worker pid {pending[rank].pid}:\n"
+                f"--- rank {rank} timed out ({why}, {elapsed:.1f} s into the task); "
+                f"stack dump of worker pid {pending[rank].pid}:\n"
                 f"{dumps[rank].rstrip() or '<no dump>'}"
             )
     raise RankFailure("\n".join(lines), errors=errors, timed_out=timed_out, died=died)
 
 
-def _dump_stacks(workers: list[_Worker]) -> dict[int, str]:
-    """SIGUSR1 the stuck workers and return what faulthandler wrote for each rank."""
-    if not workers:
+def _dump_stacks(stuck: dict[int, _Worker]) -> dict[int, str]:
+    """SIGUSR1 the stuck workers and return what faulthandler wrote, by rank."""
+    if not stuck:
         return {}
-    for worker in workers:
+    for worker in stuck.values():
         with contextlib.suppress(ProcessLookupError):
             os.kill(worker.pid, signal.SIGUSR1)
-    time.sleep(STACK_DUMP_WAIT_S)
-    return {worker.rank: worker.read_dump() for worker in workers}
+    # faulthandler writes from its C signal handler within milliseconds; poll instead of
+    # sleeping the whole second, and stop once every file has grown and then stayed put.
+    deadline = time.monotonic() + STACK_DUMP_WAIT_S * timeout_scale()
+    sizes: dict[int, int] = {}
+    last_change = time.monotonic()
+    while time.monotonic() < deadline:
+        now_sizes = {rank: w.dump_size() for rank, w in stuck.items()}
+        if now_sizes != sizes:
+            sizes, last_change = now_sizes, time.monotonic()
+        elif (
+            all(sizes[rank] > w.dump_offset for rank, w in stuck.items())
+            and time.monotonic() - last_change >= _DUMP_SETTLE_S
+        ):
+            break
+        time.sleep(0.02)
+    return {rank: worker.read_dump() for rank, worker in stuck.items()}
 
 
 def _name(fn: Callable[..., Any]) -> str:
