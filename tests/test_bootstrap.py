@@ -1,0 +1,517 @@
+"""Bootstrap, lifecycle and fault behaviour of ``new_comm("gloo", ...)`` on real processes.
+
+Covers (reference §1.4-1.5, §3, DESIGN "Fault model"):
+
+* store-less bootstrap through ``MASTER_ADDR``/``MASTER_PORT`` (2 and 4 ranks), comms created
+  back to back, ``MASTER_PORT`` released after every init, store and store-less comms alive
+  together, and the error without ``MASTER_ADDR``;
+* an explicit store, non-persistent (bootstrap only) and ``persistent_store``, duplicate names;
+* rank/size discovery: ``TORCHCOMM_RANK/SIZE`` before ``RANK/WORLD_SIZE``;
+* real ``torchrun`` (``examples/quickstart.py`` and store-less comms under the agent store);
+* timeouts (sync, async, per-op), poisoning after a failure, a peer killed mid-job;
+* ``finalize`` rules, ``get_init_handle``/``reconfigure``/``abort`` on gloo;
+* more ranks than cores.
+
+Rank functions are module-level because the harness pickles them by reference. Each test
+makes one ``run_ranks`` call that checks many cases; failure tests come last (a failed run
+discards its worker pool) and use ``fresh=True`` so the shared pools survive them.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import socket
+import sys
+import textwrap
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch._C._distributed_c10d import FileStore, PrefixStore, Store
+
+import torchcomms
+from tests import harness
+from tests.harness import RankContext, RankFailure, run_ranks, run_torchrun
+from torchcomms import (
+    CommStateError,
+    CommTimeoutError,
+    PeerFailureError,
+    ReduceOp,
+    TorchComm,
+    WorkStatus,
+    new_comm,
+)
+
+CPU = torch.device("cpu")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+QUICKSTART = REPO_ROOT / "examples" / "quickstart.py"
+
+#: Short comm/op timeout (seconds, before the harness scale) for the fault tests.
+FAULT_TIMEOUT_S = 2
+#: Per-op timeout of the set-up ops of the fault tests, so a loaded box cannot trip them.
+SETUP_TIMEOUT = timedelta(seconds=120)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _gloo(name: str, store: Store | None = None, **kwargs: Any) -> TorchComm:
+    return new_comm("gloo", CPU, name=name, store=store, **kwargs)
+
+
+def _sum_check(comm: TorchComm, scale: int, case: str, timeout: timedelta | None = None) -> None:
+    """all_reduce(SUM) of (rank + 1) * scale must give scale * n(n+1)/2 on every rank."""
+    n = comm.get_size()
+    t = torch.full((16,), (comm.get_rank() + 1) * scale, dtype=torch.int64)
+    comm.all_reduce(t, ReduceOp.SUM, False, timeout=timeout)
+    expected = torch.full((16,), scale * n * (n + 1) // 2, dtype=torch.int64)
+    assert torch.equal(t, expected), f"{case}: all_reduce gave {t.tolist()}"
+
+
+def _gather_ints(comm: TorchComm, value: int) -> list[int]:
+    """Every rank's ``value``, in the comm's rank order."""
+    out = torch.zeros(comm.get_size(), dtype=torch.int64)
+    comm.all_gather_single(out, torch.tensor([value], dtype=torch.int64), False)
+    return [int(v) for v in out.tolist()]
+
+
+def _nobody_listens(addr: str, port: int) -> bool:
+    """True if a TCP connect to ``addr:port`` is refused (no listening socket)."""
+    try:
+        with socket.create_connection((addr, port), timeout=5.0):
+            return False
+    except ConnectionRefusedError:
+        return True
+
+
+def _scaled(seconds: float) -> float:
+    return seconds * harness.timeout_scale()
+
+
+def _fault_timeout() -> timedelta:
+    return timedelta(seconds=_scaled(FAULT_TIMEOUT_S))
+
+
+# ----------------------------------------------------------------------------- store-less
+
+
+def _storeless_cases(ctx: RankContext) -> None:
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    assert (addr, port) == (ctx.master_addr, ctx.master_port), "harness env"
+
+    # Three store-less comms back to back; MASTER_PORT must be free again after each init.
+    comms: list[TorchComm] = []
+    for i, name in enumerate(("nostore_a", "nostore_b", "nostore_c")):
+        comm = _gloo(name)
+        assert comm.get_rank() == ctx.rank and comm.get_size() == ctx.world_size, name
+        assert comm.get_name() == name
+        _sum_check(comm, i + 1, f"store-less comm {name}")
+        comm.barrier(False)  # every rank is past init, so rank 0 dropped its bootstrap store
+        assert _nobody_listens(addr, port), f"MASTER_PORT {port} still served after {name}"
+        comm.barrier(False)  # nobody binds MASTER_PORT for the next comm before all checked
+        comms.append(comm)
+
+    # A store comm and another store-less comm alive together with the first three.
+    with_store = _gloo("with_store", store=ctx.store)
+    nostore_d = _gloo("nostore_d")
+    nostore_d.barrier(False)
+    assert _nobody_listens(addr, port), "MASTER_PORT still served after the mixed init"
+    every = [*comms, with_store, nostore_d]
+    # Interleave ops across all five comms: each must reduce only its own data.
+    for round_ in range(3):
+        for k, comm in enumerate(every):
+            _sum_check(comm, 10 * round_ + k + 1, f"mixed comm {comm.get_name()} round {round_}")
+    assert _gather_ints(nostore_d, ctx.rank * 7) == [r * 7 for r in range(ctx.world_size)]
+
+    # Without MASTER_ADDR (or MASTER_PORT) a store-less new_comm cannot bootstrap.
+    for var in ("MASTER_ADDR", "MASTER_PORT"):
+        saved = os.environ.pop(var)
+        try:
+            with pytest.raises(RuntimeError, match=var):
+                _gloo(f"no_{var.lower()}")
+        finally:
+            os.environ[var] = saved
+    _sum_check(nostore_d, 5, "store-less comm after the failed inits")
+
+    for comm in every:
+        comm.finalize()
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_storeless_bootstrap_via_master_addr_port(world_size: int) -> None:
+    run_ranks(_storeless_cases, world_size, timeout=120)
+
+
+# ----------------------------------------------------------------------------- explicit store
+
+
+def _explicit_store_cases(ctx: RankContext) -> None:
+    rank, size = ctx.rank, ctx.world_size
+
+    # Default: the given store only bootstraps a private store; the comm's own keys (here the
+    # per-rank host identity exchanged at connect time) live in the private store.
+    bootstrap_only = _gloo("bootstrap_only", store=ctx.store)
+    _sum_check(bootstrap_only, 1, "non-persistent store")
+    given = PrefixStore("bootstrap_only", ctx.store)
+    assert given.check(["dup_store"]), "non-persistent: private store address not published"
+    assert not given.check([f"host/{rank}"]), "non-persistent: comm keys went to the given store"
+
+    persistent = _gloo("persistent", store=ctx.store, hints={"persistent_store": "true"})
+    _sum_check(persistent, 2, "persistent store")
+    given = PrefixStore("persistent", ctx.store)
+    assert given.check([f"host/{rank}"]), "persistent: comm keys are not in the given store"
+    assert not given.check(["dup_store"]), "persistent: a private store was created anyway"
+
+    # The same name twice on one store fails on every rank (each rank checks its own claim,
+    # so nobody waits for a peer) - in both modes, and a finalized name stays taken.
+    for hints in (None, {"persistent_store": "true"}):
+        for taken in ("bootstrap_only", "persistent"):
+            with pytest.raises(RuntimeError, match="detected multiple communicators on same store"):
+                _gloo(taken, store=ctx.store, hints=hints)
+    bootstrap_only.finalize()
+    with pytest.raises(RuntimeError, match="detected multiple communicators on same store"):
+        _gloo("bootstrap_only", store=ctx.store)
+
+    # The same name on two different stores is fine; both comms work side by side.
+    file_store = FileStore(os.path.join(ctx.tmpdir, "second_store"), size)
+    twin_a = _gloo("twin", store=ctx.store)
+    twin_b = _gloo("twin", store=file_store)
+    for k in range(3):
+        _sum_check(twin_a, 2 * k + 1, "same name, store A")
+        _sum_check(twin_b, 2 * k + 2, "same name, store B")
+    _sum_check(persistent, 3, "persistent store after the failed duplicates")
+    for comm in (persistent, twin_a, twin_b):
+        comm.finalize()
+
+
+def test_explicit_store_persistent_and_bootstrap_only() -> None:
+    run_ranks(_explicit_store_cases, 2, timeout=120)
+
+
+# ----------------------------------------------------------------------------- rank discovery
+
+
+def _discovery_cases(ctx: RankContext) -> dict[str, Any]:
+    size = ctx.world_size
+    out: dict[str, Any] = {}
+
+    # TORCHCOMM_RANK/SIZE win over RANK/WORLD_SIZE: reverse the order, leave RANK as it was.
+    reversed_rank = size - 1 - ctx.rank
+    os.environ["TORCHCOMM_RANK"] = str(reversed_rank)
+    comm = _gloo("reversed", store=ctx.store)
+    assert comm.get_rank() == reversed_rank and comm.get_size() == size
+    out["reversed"] = _gather_ints(comm, ctx.rank)  # worker ids in comm rank order
+    comm.finalize()
+
+    # Without TORCHCOMM_*, RANK/WORLD_SIZE (torchrun's variables) decide: rotate by one.
+    del os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"]
+    rotated_rank = (ctx.rank + 1) % size
+    os.environ["RANK"] = str(rotated_rank)
+    comm = _gloo("rotated", store=ctx.store)
+    assert comm.get_rank() == rotated_rank and comm.get_size() == size
+    out["rotated"] = _gather_ints(comm, ctx.rank)
+    comm.finalize()
+
+    # Neither pair: the upstream error text.
+    del os.environ["RANK"], os.environ["WORLD_SIZE"]
+    with pytest.raises(RuntimeError, match="Unable to determine rank and size"):
+        _gloo("no_rank", store=ctx.store)
+    return out
+
+
+def test_rank_size_discovery_torchcomm_env_first() -> None:
+    size = 4
+    results = run_ranks(_discovery_cases, size, timeout=120)
+    for rank, result in enumerate(results):
+        # Comm rank r is the worker whose reversed / rotated id is r.
+        assert result["reversed"] == [size - 1 - r for r in range(size)], (rank, result)
+        assert result["rotated"] == [(r - 1) % size for r in range(size)], (rank, result)
+
+
+# ----------------------------------------------------------------------------- finalize & co
+
+
+def _lifecycle_cases(ctx: RankContext) -> dict[str, Any]:
+    # Double finalize, and any op after finalize.
+    comm = _gloo("fin", store=ctx.store)
+    _sum_check(comm, 1, "before finalize")
+    comm.finalize()
+    with pytest.raises(RuntimeError, match="already finalized"):
+        comm.finalize()
+    t = torch.ones(4)
+    after_finalize = {
+        "all_reduce": lambda: comm.all_reduce(t, ReduceOp.SUM, False),
+        "broadcast": lambda: comm.broadcast(t, 0, False),
+        "barrier": lambda: comm.barrier(False),
+        "send": lambda: comm.send(t, (ctx.rank + 1) % ctx.world_size, False),
+        "split": lambda: comm.split([0], "late_split"),
+    }
+    for op, call in after_finalize.items():
+        try:
+            call()
+        except CommStateError as exc:  # a RuntimeError subclass
+            assert "not initialized" in str(exc), (op, str(exc))
+        else:
+            raise AssertionError(f"{op} after finalize did not raise")
+
+    # A comm dropped without finalize is fine: nothing raised from __del__, later comms work.
+    dropped = _gloo("dropped", store=ctx.store)
+    _sum_check(dropped, 2, "comm later dropped")
+    dropped.all_reduce(torch.ones(4), ReduceOp.SUM, True).wait()  # its executor thread runs
+    unraisable: list[Any] = []
+    saved_hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        del dropped
+        gc.collect()
+    finally:
+        sys.unraisablehook = saved_hook
+    assert not unraisable, [str(u.exc_value) for u in unraisable]
+    again = _gloo("after_drop", store=ctx.store)
+    _sum_check(again, 3, "comm after a dropped one")
+    again.finalize()
+
+    # Finalizing a parent leaves its split child working (ops and a further split).
+    parent = _gloo("parent", store=ctx.store)
+    child = parent.split(list(range(ctx.world_size)), "child")
+    assert child is not None
+    parent.finalize()
+    _sum_check(child, 4, "child after parent finalize")
+    assert _gather_ints(child, ctx.rank * 3) == [r * 3 for r in range(ctx.world_size)]
+    grandchild = child.split([0, 1], "grandchild") if ctx.rank < 2 else child.split([], "gc")
+    if grandchild is not None:
+        _sum_check(grandchild, 5, "grandchild of a finalized parent")
+        grandchild.finalize()
+    child.barrier(False)
+    child.finalize()
+
+    # gloo: init handle, reconfigure and abort.
+    comm = _gloo("handles", store=ctx.store)
+    handle = comm.get_init_handle()
+    assert isinstance(handle, str) and handle, repr(handle)
+    assert comm.get_init_handle() == handle
+    with pytest.raises(RuntimeError, match="reconfigure not implemented"):
+        comm.reconfigure(1, [handle])
+    assert not comm.is_abort_supported()
+    with pytest.raises(RuntimeError, match="abort not implemented"):
+        comm.abort()
+    _sum_check(comm, 6, "after failed reconfigure/abort")  # still usable
+    comm.finalize()
+    return {"handle": handle}
+
+
+def test_finalize_init_handle_reconfigure_abort() -> None:
+    results = run_ranks(_lifecycle_cases, 4, timeout=120)
+    handles = [r["handle"] for r in results]
+    assert all(isinstance(h, str) and h for h in handles), handles
+
+
+# ----------------------------------------------------------------------------- oversubscription
+
+
+def _oversubscribed(ctx: RankContext, iterations: int) -> int:
+    comm = _gloo("busy", store=ctx.store)
+    n = comm.get_size()
+    wrong = 0
+    for i in range(iterations):
+        t = torch.full((8,), ctx.rank * 1000 + i, dtype=torch.int64)
+        comm.all_reduce(t, ReduceOp.SUM, False)
+        expected = 1000 * n * (n - 1) // 2 + n * i
+        if not torch.equal(t, torch.full((8,), expected, dtype=torch.int64)):
+            wrong += 1
+    comm.finalize()
+    return wrong
+
+
+def test_more_ranks_than_cores_stay_correct() -> None:
+    assert run_ranks(_oversubscribed, 4, 200, timeout=120) == [0, 0, 0, 0]
+
+
+# ----------------------------------------------------------------------------- torchrun
+
+
+def test_quickstart_under_torchrun_2() -> None:
+    proc = run_torchrun([str(QUICKSTART)], nproc=2)
+    assert proc.returncode == 0, proc.stdout
+    assert "quickstart OK: 2 ranks" in proc.stdout, proc.stdout
+
+
+def test_quickstart_under_torchrun_4() -> None:
+    proc = run_torchrun([str(QUICKSTART)], nproc=4)
+    assert proc.returncode == 0, proc.stdout
+    assert "quickstart OK: 4 ranks" in proc.stdout, proc.stdout
+
+
+TORCHRUN_STORELESS_SCRIPT = """
+import json
+import os
+import sys
+
+import torch
+
+from torchcomms import ReduceOp, new_comm
+
+env = {k: os.environ.get(k) for k in ("TORCHELASTIC_USE_AGENT_STORE", "MASTER_PORT", "RANK")}
+first = new_comm("gloo", torch.device("cpu"), name="first")
+second = new_comm("gloo", torch.device("cpu"), name="second")
+rank, size = first.get_rank(), first.get_size()
+a = torch.full((4,), rank + 1, dtype=torch.int64)
+first.all_reduce(a, ReduceOp.SUM, False)
+b = torch.full((4,), 10 * (rank + 1), dtype=torch.int64)
+second.all_reduce(b, ReduceOp.SUM, False)
+evens = second.split([r for r in range(size) if r % 2 == 0] if rank % 2 == 0 else [], "evens")
+even_sum = None
+if evens is not None:
+    e = torch.tensor([rank], dtype=torch.int64)
+    evens.all_reduce(e, ReduceOp.SUM, False)
+    even_sum = int(e.item())
+    evens.finalize()
+first.finalize()
+again = new_comm("gloo", torch.device("cpu"), name="first")  # a finalized name, recreated
+c = torch.tensor([rank], dtype=torch.int64)
+again.all_reduce(c, ReduceOp.MAX, False)
+result = {
+    "rank": rank, "size": size, "env": env, "first": a.tolist(), "second": b.tolist(),
+    "even_sum": even_sum, "again_max": int(c.item()),
+}
+# One file per rank: lines printed by several ranks into one pipe can interleave.
+with open(os.path.join(sys.argv[1], f"result{rank}.json"), "w") as f:
+    json.dump(result, f)
+again.finalize()
+second.finalize()
+"""
+
+
+def test_storeless_comms_and_split_under_torchrun(tmp_path: Path) -> None:
+    script = tmp_path / "storeless_torchrun.py"
+    script.write_text(textwrap.dedent(TORCHRUN_STORELESS_SCRIPT))
+    nproc = 4  # the "evens" split then has two members
+    out_dir = tmp_path / "results"
+    out_dir.mkdir()
+    proc = run_torchrun([str(script), str(out_dir)], nproc=nproc)
+    assert proc.returncode == 0, proc.stdout
+    results = {}
+    for path in sorted(out_dir.glob("result*.json")):
+        result = json.loads(path.read_text())
+        results[result["rank"]] = result
+    assert sorted(results) == list(range(nproc)), (sorted(results), proc.stdout)
+    total = nproc * (nproc + 1) // 2
+    for rank, r in results.items():
+        # torchrun's agent serves MASTER_PORT; the store-less comms must coexist with it.
+        assert r["env"]["TORCHELASTIC_USE_AGENT_STORE"] == "True", r
+        assert r["env"]["RANK"] == str(rank), r
+        assert r["size"] == nproc
+        assert r["first"] == [total] * 4, r
+        assert r["second"] == [10 * total] * 4, r
+        evens = [q for q in range(nproc) if q % 2 == 0]
+        assert r["even_sum"] == (sum(evens) if rank % 2 == 0 else None), r
+        assert r["again_max"] == nproc - 1, r
+
+
+# ----------------------------------------------------------------------------- timeouts
+
+
+def _timeout_cases(ctx: RankContext) -> dict[str, Any]:
+    """Rank 1 skips ops; rank 0 must get typed timeouts, then a poisoned comm."""
+    store, rank = ctx.store, ctx.rank
+    out: dict[str, Any] = {}
+    opts: dict[str, Any] = {"store": store, "abort_process_on_timeout_or_error": False}
+    per_op = _gloo("per_op_to", timeout=timedelta(seconds=300), **opts)
+    per_op.barrier(False)  # line the ranks up before inits that must finish in a short timeout
+    sync = _gloo("sync_to", timeout=_fault_timeout(), **opts)
+    asyn = _gloo("async_to", timeout=_fault_timeout(), **opts)
+    for k, comm in enumerate((sync, asyn, per_op)):
+        # A long per-op timeout overrides the short comm default for the set-up ops.
+        _sum_check(comm, k + 1, f"warm-up {comm.get_name()}", timeout=SETUP_TIMEOUT)
+
+    if rank == 0:
+        # Sync op: rank 1 never joins.
+        t = torch.ones(8)
+        start = time.monotonic()
+        with pytest.raises(CommTimeoutError) as info:
+            sync.all_reduce(t, ReduceOp.SUM, False)
+        out["sync_elapsed"] = time.monotonic() - start
+        err = info.value
+        assert isinstance(err, RuntimeError)
+        out["sync_error"] = str(err)
+        # The comm is poisoned: the next op fails at once, naming the earlier failure.
+        with pytest.raises(CommTimeoutError) as info:
+            sync.broadcast(t, 0, False)
+        out["poisoned_error"] = str(info.value)
+        with pytest.raises(CommTimeoutError):
+            sync.all_reduce(t, ReduceOp.SUM, True).wait()
+
+        # Async op: wait() raises, the work says it did not complete.
+        t = torch.ones(8)
+        work = asyn.all_reduce(t, ReduceOp.SUM, True)
+        with pytest.raises(CommTimeoutError) as info:
+            work.wait()
+        out["async_error"] = str(info.value)
+        out["async_status"] = work.status().name
+        out["async_completed"] = work.is_completed()
+
+        # A per-op timeout overrides the comm's (300 s) default.
+        start = time.monotonic()
+        with pytest.raises(CommTimeoutError) as info:
+            per_op.barrier(False, timeout=_fault_timeout())
+        out["per_op_elapsed"] = time.monotonic() - start
+        out["per_op_error"] = str(info.value)
+        store.set("rank0_done", "1")
+    else:
+        store.wait(["rank0_done"], timedelta(seconds=_scaled(90)))
+    for comm in (sync, asyn, per_op):
+        comm.finalize()
+    return out
+
+
+def test_timeouts_are_typed_and_poison_the_comm() -> None:
+    deadline = 120.0
+    r0 = run_ranks(_timeout_cases, 2, timeout=deadline)[0]
+    sync_error = r0["sync_error"]
+    for part in ("comm=sync_to", "rank=0", "all_reduce", "op_id=", "timed out"):
+        assert part in sync_error, (part, sync_error)
+    # Raised within its own short timeout, far from the harness deadline (a hang guard only).
+    assert r0["sync_elapsed"] < _scaled(deadline) / 4, r0
+    poisoned = r0["poisoned_error"]
+    assert "broadcast" in poisoned and "earlier failure" in poisoned, poisoned
+    assert sync_error.split("] ", 1)[1] in poisoned, (sync_error, poisoned)
+    assert "comm=async_to" in r0["async_error"] and "all_reduce" in r0["async_error"], r0
+    assert r0["async_status"] in (WorkStatus.TIMEDOUT.name, WorkStatus.ERROR.name), r0
+    assert r0["async_completed"] is False
+    per_op = r0["per_op_error"]
+    timeout_text = f"timed out after {_scaled(FAULT_TIMEOUT_S):g} s"
+    assert "comm=per_op_to" in per_op and "barrier" in per_op, per_op
+    assert timeout_text in per_op and timeout_text in sync_error, (per_op, sync_error)
+    assert r0["per_op_elapsed"] < _scaled(deadline) / 4, r0
+
+
+# ----------------------------------------------------------------------------- peer failure
+
+
+def _killed_peer(ctx: RankContext) -> None:
+    """Rank 1 SIGKILLs itself after a good op; rank 0's next op must raise a typed error."""
+    comm = _gloo("victim", store=ctx.store, abort_process_on_timeout_or_error=False)
+    _sum_check(comm, 1, "before the peer dies")
+    comm.set_timeout(_fault_timeout())  # the comm default from now on
+    if ctx.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t = torch.ones(1024)
+    comm.all_reduce(t, ReduceOp.SUM, False)  # expected to raise: rank 1 is gone
+    raise AssertionError(f"all_reduce with a dead peer returned {t[:4].tolist()}")
+
+
+def test_killed_peer_gives_typed_error_not_hang() -> None:
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_killed_peer, 2, timeout=60, fresh=True)
+    failure = info.value
+    assert 1 in failure.died and "SIGKILL" in failure.died[1], str(failure)
+    assert not failure.timed_out, str(failure)  # the survivor did not hang
+    survivor = failure.errors.get(0, "")
+    assert "PeerFailureError" in survivor or "CommTimeoutError" in survivor, str(failure)
+    assert "comm=victim" in survivor and "all_reduce" in survivor, survivor
+    assert issubclass(PeerFailureError, torchcomms.CommError)
