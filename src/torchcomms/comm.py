@@ -230,17 +230,26 @@ class TorchComm:
         pre_args: Any,
         timeout: timedelta | None,
         hints: dict[str, str] | None,
-        native: Callable[[OpOptions], TorchWork],
-        plugin: Callable[[], Any],
+        args: tuple[Any, ...],
+        plugin: Callable[[], Any] | None = None,
     ) -> TorchWork:
-        """Assign an op_id, run pre-hooks, call the backend, run post-hooks."""
+        """Assign an op_id, run pre-hooks, call the backend method named ``name``, run post-hooks.
+
+        Native backends get ``(*args, OpOptions)``; plug-ins get ``args`` alone (or ``plugin()``
+        runs instead, where upstream composes the op from other plug-in calls).
+        """
         resolved = self._resolve_timeout(timeout, name.name, hints)
         op_id = _next_op_id()
         self._run_pre_hooks(name, op_id, pre_args)
+        method = getattr(self._impl, name.name, None)
         if self._native:
-            work = native(OpOptions(resolved, dict(hints or {}), name.name, op_id))
-        else:
+            assert method is not None
+            work = method(*args, OpOptions(resolved, dict(hints or {}), name.name, op_id))
+        elif plugin is not None:
             work = _wrap_plugin_result(plugin())
+        else:
+            assert method is not None
+            work = _wrap_plugin_result(method(*args))
         self._run_post_hooks(op_id, hook_args.CollectivePostHookArgs(work))
         return work
 
@@ -262,8 +271,7 @@ class TorchComm:
             hook_args.SendPreHookArgs(tensor, dst, async_op),
             timeout,
             hints,
-            lambda o: self._impl.send(tensor, dst, async_op, o),  # type: ignore[call-arg]
-            lambda: self._impl.send(tensor, dst, async_op),
+            (tensor, dst, async_op),
         )
 
     def recv(
@@ -283,8 +291,7 @@ class TorchComm:
             hook_args.RecvPreHookArgs(tensor, src, async_op),
             timeout,
             hints,
-            lambda o: self._impl.recv(tensor, src, async_op, o),  # type: ignore[call-arg]
-            lambda: self._impl.recv(tensor, src, async_op),
+            (tensor, src, async_op),
         )
 
     def batch_op_create(self) -> BatchSendRecv:
@@ -310,8 +317,7 @@ class TorchComm:
             hook_args.BroadcastPreHookArgs(tensor, root, async_op),
             timeout,
             hints,
-            lambda o: self._impl.broadcast(tensor, root, async_op, o),  # type: ignore[call-arg]
-            lambda: self._impl.broadcast(tensor, root, async_op),
+            (tensor, root, async_op),
         )
 
     def all_reduce(
@@ -331,8 +337,7 @@ class TorchComm:
             hook_args.AllReducePreHookArgs(tensor, async_op),
             timeout,
             hints,
-            lambda o: self._impl.all_reduce(tensor, op, async_op, o),  # type: ignore[call-arg]
-            lambda: self._impl.all_reduce(tensor, op, async_op),
+            (tensor, op, async_op),
         )
 
     def reduce(
@@ -354,8 +359,7 @@ class TorchComm:
             hook_args.ReducePreHookArgs(tensor, root, async_op),
             timeout,
             hints,
-            lambda o: self._impl.reduce(tensor, root, op, async_op, o),  # type: ignore[call-arg]
-            lambda: self._impl.reduce(tensor, root, op, async_op),
+            (tensor, root, op, async_op),
         )
 
     def all_gather(
@@ -383,8 +387,7 @@ class TorchComm:
             hook_args.AllGatherPreHookArgs(tensor, tensor_list, async_op),
             timeout,
             hints,
-            lambda o: self._impl.all_gather(tensor_list, tensor, async_op, o),  # type: ignore[call-arg]
-            lambda: self._impl.all_gather(tensor_list, tensor, async_op),
+            (tensor_list, tensor, async_op),
         )
 
     def all_gather_v(
@@ -411,8 +414,7 @@ class TorchComm:
             hook_args.AllGatherVPreHookArgs(tensor, tensor_list, async_op),
             timeout,
             hints,
-            lambda o: self._impl.all_gather_v(tensor_list, tensor, async_op, o),  # type: ignore[call-arg]
-            lambda: self._impl.all_gather_v(tensor_list, tensor, async_op),
+            (tensor_list, tensor, async_op),
         )
 
     def all_gather_single(
@@ -438,8 +440,7 @@ class TorchComm:
             hook_args.AllGatherSinglePreHookArgs(input, output, async_op),
             timeout,
             hints,
-            lambda o: self._impl.all_gather_single(output, input, async_op, o),  # type: ignore[call-arg]
-            lambda: self._impl.all_gather_single(output, input, async_op),
+            (output, input, async_op),
         )
 
     def reduce_scatter(
@@ -467,8 +468,7 @@ class TorchComm:
             hook_args.ReduceScatterPreHookArgs(input_list, output, async_op),
             timeout,
             hints,
-            lambda o: self._impl.reduce_scatter(output, input_list, op, async_op, o),  # type: ignore[call-arg]
-            lambda: self._impl.reduce_scatter(output, input_list, op, async_op),
+            (output, input_list, op, async_op),
         )
 
     def reduce_scatter_v(
@@ -497,8 +497,7 @@ class TorchComm:
             hook_args.ReduceScatterVPreHookArgs(input_list, output, async_op),
             timeout,
             hints,
-            lambda o: self._impl.reduce_scatter_v(output, input_list, op, async_op, o),  # type: ignore[call-arg]
-            lambda: self._impl.reduce_scatter_v(output, input_list, op, async_op),
+            (output, input_list, op, async_op),
         )
 
     def reduce_scatter_single(
@@ -526,8 +525,7 @@ class TorchComm:
             hook_args.ReduceScatterSinglePreHookArgs(input, output, async_op),
             timeout,
             hints,
-            lambda o: self._impl.reduce_scatter_single(output, input, op, async_op, o),  # type: ignore[call-arg]
-            lambda: self._impl.reduce_scatter_single(output, input, op, async_op),
+            (output, input, op, async_op),
         )
 
     def all_to_all_single(
@@ -558,8 +556,7 @@ class TorchComm:
             hook_args.AllToAllSinglePreHookArgs(input, output, async_op),
             timeout,
             hints,
-            lambda o: self._impl.all_to_all_single(output, input, async_op, o),  # type: ignore[call-arg]
-            lambda: self._impl.all_to_all_single(output, input, async_op),
+            (output, input, async_op),
         )
 
     def all_to_all_v_single(
@@ -592,10 +589,7 @@ class TorchComm:
             hook_args.AllToAllVSinglePreHookArgs(input, output, in_splits, out_splits, async_op),
             timeout,
             hints,
-            lambda o: self._impl.all_to_all_v_single(  # type: ignore[call-arg]
-                output, input, out_splits, in_splits, async_op, o
-            ),
-            lambda: self._impl.all_to_all_v_single(output, input, out_splits, in_splits, async_op),
+            (output, input, out_splits, in_splits, async_op),
         )
 
     def all_to_all(
@@ -621,10 +615,7 @@ class TorchComm:
             hook_args.AllToAllPreHookArgs(input_tensor_list, output_tensor_list, async_op),
             timeout,
             hints,
-            lambda o: self._impl.all_to_all(  # type: ignore[call-arg]
-                output_tensor_list, input_tensor_list, async_op, o
-            ),
-            lambda: self._impl.all_to_all(output_tensor_list, input_tensor_list, async_op),
+            (output_tensor_list, input_tensor_list, async_op),
         )
 
     def barrier(
@@ -640,8 +631,7 @@ class TorchComm:
             hook_args.BarrierPreHookArgs(async_op),
             timeout,
             hints,
-            lambda o: self._impl.barrier(async_op, o),  # type: ignore[call-arg]
-            lambda: self._impl.barrier(async_op),
+            (async_op,),
         )
 
     def scatter(
@@ -672,10 +662,7 @@ class TorchComm:
             hook_args.ScatterPreHookArgs(output_tensor, input_tensor_list, root, async_op),
             timeout,
             hints,
-            lambda o: self._impl.scatter(  # type: ignore[call-arg]
-                output_tensor, input_tensor_list, root, async_op, o
-            ),
-            lambda: self._impl.scatter(output_tensor, input_tensor_list, root, async_op),
+            (output_tensor, input_tensor_list, root, async_op),
         )
 
     def gather(
@@ -706,10 +693,7 @@ class TorchComm:
             hook_args.GatherPreHookArgs(input_tensor, output_tensor_list, root, async_op),
             timeout,
             hints,
-            lambda o: self._impl.gather(  # type: ignore[call-arg]
-                output_tensor_list, input_tensor, root, async_op, o
-            ),
-            lambda: self._impl.gather(output_tensor_list, input_tensor, root, async_op),
+            (output_tensor_list, input_tensor, root, async_op),
         )
 
     def gather_single(
@@ -744,7 +728,7 @@ class TorchComm:
             hook_args.GatherSinglePreHookArgs(input, output, root, async_op),
             timeout,
             hints,
-            lambda o: self._impl.gather_single(output, input, root, async_op, o),  # type: ignore[attr-defined]
+            (output, input, root, async_op),
             plugin,
         )
 

@@ -41,6 +41,14 @@ def _size_tensor(n: int, device: torch.device) -> torch.Tensor:
     return torch.tensor([n], dtype=torch.int64, device=device)
 
 
+def _all_lengths(comm: TorchComm, length: int, timeout: timedelta | None) -> list[int]:
+    """Every rank's payload length, in rank order."""
+    device = comm.get_device()
+    sizes = [_size_tensor(0, device) for _ in range(comm.get_size())]
+    comm.all_gather(sizes, _size_tensor(length, device), async_op=False, timeout=timeout)
+    return [int(s.item()) for s in sizes]
+
+
 def _padded(t: torch.Tensor, length: int) -> torch.Tensor:
     out = torch.zeros(length, dtype=torch.uint8, device=t.device)
     out[: t.numel()] = t
@@ -62,9 +70,7 @@ def all_gather_object(
         )
     device = comm.get_device()
     payload = _to_tensor(obj, device)
-    sizes = [_size_tensor(0, device) for _ in range(size)]
-    comm.all_gather(sizes, _size_tensor(payload.numel(), device), async_op=False, timeout=timeout)
-    lengths = [int(s.item()) for s in sizes]
+    lengths = _all_lengths(comm, payload.numel(), timeout)
     longest = max(lengths)
     gathered = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(size)]
     comm.all_gather(gathered, _padded(payload, longest), async_op=False, timeout=timeout)
@@ -89,9 +95,7 @@ def gather_object(
         )
     device = comm.get_device()
     payload = _to_tensor(obj, device)
-    sizes = [_size_tensor(0, device) for _ in range(size)]
-    comm.all_gather(sizes, _size_tensor(payload.numel(), device), async_op=False, timeout=timeout)
-    lengths = [int(s.item()) for s in sizes]
+    lengths = _all_lengths(comm, payload.numel(), timeout)
     longest = max(lengths)
     outputs = (
         [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(size)]
