@@ -425,7 +425,8 @@ def _timeout_cases(ctx: RankContext) -> dict[str, Any]:
     per_op.barrier(False)  # line the ranks up before inits that must finish in a short timeout
     sync = _gloo("sync_to", timeout=_fault_timeout(), **opts)
     asyn = _gloo("async_to", timeout=_fault_timeout(), **opts)
-    for k, comm in enumerate((sync, asyn, per_op)):
+    p2p = _gloo("p2p_to", timeout=_fault_timeout(), **opts)
+    for k, comm in enumerate((sync, asyn, per_op, p2p)):
         # A long per-op timeout overrides the short comm default for the set-up ops.
         _sum_check(comm, k + 1, f"warm-up {comm.get_name()}", timeout=SETUP_TIMEOUT)
 
@@ -461,10 +462,15 @@ def _timeout_cases(ctx: RankContext) -> dict[str, Any]:
             per_op.barrier(False, timeout=_fault_timeout())
         out["per_op_elapsed"] = time.monotonic() - start
         out["per_op_error"] = str(info.value)
+
+        # A receive whose sender never sends names that peer.
+        with pytest.raises(CommTimeoutError) as info:
+            p2p.recv(torch.empty(4), 1, False)
+        out["p2p_error"] = str(info.value)
         store.set("rank0_done", "1")
     else:
         store.wait(["rank0_done"], timedelta(seconds=_scaled(90)))
-    for comm in (sync, asyn, per_op):
+    for comm in (sync, asyn, per_op, p2p):
         comm.finalize()
     return out
 
@@ -488,6 +494,8 @@ def test_timeouts_are_typed_and_poison_the_comm() -> None:
     assert "comm=per_op_to" in per_op and "barrier" in per_op, per_op
     assert timeout_text in per_op and timeout_text in sync_error, (per_op, sync_error)
     assert r0["per_op_elapsed"] < _scaled(deadline) / 4, r0
+    p2p = r0["p2p_error"]
+    assert "comm=p2p_to" in p2p and "recv" in p2p and "waiting for peer rank 1" in p2p, p2p
 
 
 # ----------------------------------------------------------------------------- peer failure

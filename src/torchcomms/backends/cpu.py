@@ -260,8 +260,12 @@ class TorchCommGloo(TorchCommBackend):
         opts: OpOptions,
         async_op: bool,
         body: Callable[[_Deadline], Completion | None],
+        peers: Sequence[int] = (),
     ) -> TorchWork:
-        """Run ``body`` in issue order, inline (sync) or on the executor (async)."""
+        """Run ``body`` in issue order, inline (sync) or on the executor (async).
+
+        ``peers`` (point-to-point ops) are named in the error if the op fails.
+        """
         self._check_healthy(opts)
         executor = self._executor
         if executor is None:
@@ -274,7 +278,7 @@ class TorchCommGloo(TorchCommBackend):
             try:
                 completion = body(deadline)
             except BaseException as exc:
-                raise self._translate(exc, opts) from exc
+                raise self._translate(exc, opts, peers) from exc
             if completion is None:
                 return None
 
@@ -282,7 +286,7 @@ class TorchCommGloo(TorchCommBackend):
                 try:
                     completion()
                 except BaseException as exc:
-                    raise self._translate(exc, opts) from exc
+                    raise self._translate(exc, opts, peers) from exc
 
             return finish
 
@@ -306,8 +310,13 @@ class TorchCommGloo(TorchCommBackend):
                 self._prefix(opts) + f"communicator is unusable after an earlier failure: {poison}"
             ) from poison
 
-    def _translate(self, exc: BaseException, opts: OpOptions) -> BaseException:
-        """Turn a gloo error into a typed error naming comm, op and op_id; poison on transport failure."""
+    def _translate(
+        self, exc: BaseException, opts: OpOptions, peers: Sequence[int] = ()
+    ) -> BaseException:
+        """Turn a gloo error into a typed error naming comm, op, op_id (and the p2p peers).
+
+        A timeout or a broken connection poisons the communicator.
+        """
         if isinstance(exc, CommError):
             return exc
         if not isinstance(exc, RuntimeError):
@@ -315,13 +324,15 @@ class TorchCommGloo(TorchCommBackend):
         text = str(exc)
         lowered = text.lower()
         error: CommError
+        who = f"peer rank {', '.join(map(str, sorted(set(peers))))}" if peers else "a peer"
         if any(m in lowered for m in _TIMEOUT_MARKERS):
+            waiting = f" waiting for {who}" if peers else ""
             error = CommTimeoutError(
                 self._prefix(opts)
-                + f"timed out after {opts.timeout.total_seconds():g} s ({text.strip()})"
+                + f"timed out after {opts.timeout.total_seconds():g} s{waiting} ({text.strip()})"
             )
         elif any(m in lowered for m in _PEER_MARKERS):
-            error = PeerFailureError(self._prefix(opts) + f"a peer failed ({text.strip()})")
+            error = PeerFailureError(self._prefix(opts) + f"{who} failed ({text.strip()})")
         else:
             return CommError(self._prefix(opts) + text.strip())
         with self._poison_lock:
@@ -736,7 +747,7 @@ class TorchCommGloo(TorchCommBackend):
 
             return complete_all
 
-        return self._run(options, async_op, body)
+        return self._run(options, async_op, body, peers=[op.peer for op in ops])
 
     def send(self, tensor: torch.Tensor, dst: int, async_op: bool, options: OpOptions) -> TorchWork:
         return self._p2p([P2POp(P2POpType.SEND, tensor, dst)], async_op, options)
