@@ -206,6 +206,7 @@ class TorchComm:
             self.get_size(),
             self._device,
             self._impl.supported_dtypes(),
+            self._impl._self_p2p_allowed,
         )
 
     def _resolve_timeout(self, timeout: timedelta | None, op: str, hints: Any = None) -> timedelta:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-_TRUE = {"1", "true", "yes", "y", "on"}
-_FALSE = {"0", "false", "no", "n", "off"}
+_TRUE = {"1", "true", "yes", "y"}
+_FALSE = {"0", "false", "no", "n"}
 
 
 def parse_bool(name: str, value: str) -> bool:
@@ -18,7 +18,7 @@ def parse_bool(name: str, value: str) -> bool:
         return False
     raise RuntimeError(
         f"Invalid value for environment variable {name}: {value!r} "
-        "(expected one of 1/true/yes/y/on or 0/false/no/n/off)"
+        "(expected one of 1/true/yes/y or 0/false/no/n)"
     )
 
 

@@ -20,7 +20,7 @@ _BITWISE = (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR)
 class Checker:
     """Validates one op's arguments; errors are prefixed with comm, rank and op."""
 
-    __slots__ = ("device", "dtypes", "prefix", "rank", "size")
+    __slots__ = ("device", "dtypes", "prefix", "rank", "self_p2p", "size")
 
     def __init__(
         self,
@@ -29,8 +29,10 @@ class Checker:
         size: int,
         device: torch.device,
         dtypes: frozenset[torch.dtype] | None,
+        self_p2p: bool = True,
     ) -> None:
         self.prefix = prefix
+        self.self_p2p = self_p2p
         self.rank = rank
         self.size = size
         self.device = device
@@ -52,7 +54,7 @@ class Checker:
 
     def peer(self, what: str, value: Any, verb: str) -> None:
         self.rank_arg(what, value)
-        if value == self.rank:
+        if value == self.rank and not self.self_p2p:
             raise self.fail(f"Cannot {verb} self (rank {value})")
 
     # -- tensors -----------------------------------------------------------------------------

@@ -29,6 +29,9 @@ class TorchCommBackend:
     """Base class of every backend; subclass it and call ``super().__init__()``."""
 
     _native = False
+    # Upstream's TorchComm only range-checks peers; a backend that cannot talk to itself
+    # (gloo: "Cannot send to self") sets this to False.
+    _self_p2p_allowed = True
 
     def __init__(self) -> None:
         self._device: torch.device | None = None

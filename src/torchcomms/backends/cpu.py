@@ -122,6 +122,7 @@ class TorchCommGloo(TorchCommBackend):
     """CPU communicator over gloo (TCP); see the module docstring for the concurrency model."""
 
     _native = True
+    _self_p2p_allowed = False
 
     def __init__(self) -> None:
         super().__init__()
