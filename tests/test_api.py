@@ -267,7 +267,7 @@ def test_p2p_op_attributes() -> None:
 # ============================================================================ configuration
 
 
-@pytest.mark.parametrize(("raw", "seconds"), [("30", 30), (" 45 ", 45), ("0", 0), ("1200", 1200)])
+@pytest.mark.parametrize(("raw", "seconds"), [("30", 30), (" 45 ", 45), ("1", 1), ("1200", 1200)])
 def test_timeout_env_valid(clean_env: pytest.MonkeyPatch, raw: str, seconds: int) -> None:
     clean_env.setenv("TORCHCOMM_TIMEOUT_SECONDS", raw)
     assert config.default_timeout() == timedelta(seconds=seconds)
@@ -276,7 +276,7 @@ def test_timeout_env_valid(clean_env: pytest.MonkeyPatch, raw: str, seconds: int
     comm.finalize()
 
 
-@pytest.mark.parametrize("raw", ["abc", "1.5", "-5", "10s"])
+@pytest.mark.parametrize("raw", ["abc", "1.5", "-5", "10s", "0"])
 def test_timeout_env_invalid(clean_env: pytest.MonkeyPatch, raw: str) -> None:
     clean_env.setenv("TORCHCOMM_TIMEOUT_SECONDS", raw)
     with pytest.raises(RuntimeError, match="TORCHCOMM_TIMEOUT_SECONDS"):
@@ -532,6 +532,8 @@ def test_fake_getters() -> None:
     assert comm.get_options().timeout == timedelta(seconds=12)
     with pytest.raises(TypeError, match="timeout must be a timedelta"):
         comm.set_timeout(12)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout must be positive"):
+        comm.set_timeout(timedelta(0))
     assert "fake_getters" in repr(comm)
     comm.finalize()
 

@@ -535,6 +535,11 @@ def test_new_comm_argument_errors() -> None:
             lambda: new_comm("gloo", CPU, name="x", timeout=30),
         ),
         (
+            ValueError,
+            "new_comm: timeout must be positive",
+            lambda: new_comm("gloo", CPU, name="x", timeout=timedelta(0)),
+        ),
+        (
             T,
             "new_comm: hints must be a dict[str, str], got list",
             lambda: new_comm("gloo", CPU, name="x", hints=["a"]),

@@ -131,6 +131,8 @@ class TorchComm:
             raise TypeError(
                 f"set_timeout: timeout must be a timedelta, got {type(timeout).__name__}"
             )
+        if timeout <= timedelta(0):
+            raise ValueError(f"set_timeout: timeout must be positive, got {timeout}")
         self._impl.set_timeout(timeout)
         self._options.timeout = timeout
 
@@ -906,6 +908,8 @@ def new_comm(
     if timeout is not None:
         if not isinstance(timeout, timedelta):
             raise TypeError(f"new_comm: timeout must be a timedelta, got {type(timeout).__name__}")
+        if timeout <= timedelta(0):
+            raise ValueError(f"new_comm: timeout must be positive, got {timeout}")
         options.timeout = timeout
     if is_high_priority_stream is not None:
         options.is_high_priority_stream = bool(is_high_priority_stream)

@@ -35,7 +35,10 @@ def env_str(name: str) -> str | None:
 
 
 def default_timeout() -> timedelta:
-    """``TORCHCOMM_TIMEOUT_SECONDS`` (a non-negative integer), else 600 s."""
+    """``TORCHCOMM_TIMEOUT_SECONDS`` (a positive integer), else 600 s.
+
+    Zero is refused: every wait in this library has a deadline.
+    """
     raw = os.environ.get("TORCHCOMM_TIMEOUT_SECONDS")
     if raw is None or raw.strip() == "":
         return timedelta(seconds=600)
@@ -44,12 +47,12 @@ def default_timeout() -> timedelta:
     except ValueError:
         raise RuntimeError(
             f"Invalid value for environment variable TORCHCOMM_TIMEOUT_SECONDS: {raw!r} "
-            "(expected a non-negative integer number of seconds)"
+            "(expected a positive integer number of seconds)"
         ) from None
-    if seconds < 0:
+    if seconds <= 0:
         raise RuntimeError(
             f"Invalid value for environment variable TORCHCOMM_TIMEOUT_SECONDS: {raw!r} "
-            "(expected a non-negative integer number of seconds)"
+            "(expected a positive integer number of seconds)"
         )
     return timedelta(seconds=seconds)
 
