@@ -194,6 +194,28 @@ def test_explicit_store_persistent_and_bootstrap_only() -> None:
     run_ranks(_explicit_store_cases, 2, timeout=120)
 
 
+# ----------------------------------------------------------------------------- locality
+
+
+def _locality_cases(ctx: RankContext) -> list[str]:
+    """One host: loopback. Simulated hosts (TORCHCOMM_HOST_ID): gloo's default interface."""
+    local = _gloo("one_host", store=ctx.store)
+    os.environ["TORCHCOMM_HOST_ID"] = f"host{ctx.rank % 2}"  # the harness restores the env
+    spread = _gloo("two_hosts", store=ctx.store)
+    _sum_check(spread, 1, "simulated two-host comm")
+    _sum_check(local, 2, "single-host comm")
+    transports = [c.get_backend_impl().transport for c in (local, spread)]  # type: ignore[attr-defined]
+    for comm in (local, spread):
+        comm.finalize()
+    return transports
+
+
+def test_host_identity_selects_loopback_or_default_interface() -> None:
+    for local, spread in run_ranks(_locality_cases, 2, timeout=120):
+        assert local == "tcp (loopback: all ranks on this host)", local
+        assert spread == "tcp (default interface: 2 hosts)", spread
+
+
 # ----------------------------------------------------------------------------- rank discovery
 
 

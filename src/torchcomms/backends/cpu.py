@@ -139,6 +139,9 @@ class TorchCommGloo(TorchCommBackend):
         self._recv_seq: dict[int, int] = defaultdict(int)
         self._timeout = timedelta(seconds=600)
         self._hints: dict[str, str] = {}
+        self.transport = (
+            ""  # how this comm moves bytes, e.g. "tcp (loopback: all ranks on this host)"
+        )
 
     # -- lifecycle -----------------------------------------------------------------------------
     def init(self, device: torch.device, name: str, options: CommOptions) -> None:
@@ -168,21 +171,33 @@ class TorchCommGloo(TorchCommBackend):
         self._store = store
         gloo_opts = c10d.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         gloo_opts._timeout = options.timeout
-        gloo_opts._devices = [self._gloo_device(store.store, options.hints)]
+        device_desc, gloo_device = self._gloo_device(store.store, options.hints)
+        gloo_opts._devices = [gloo_device]
+        self.transport = f"tcp ({device_desc})"
         self._pg = c10d.ProcessGroupGloo(
             c10d.PrefixStore("gloo", store.store), rank, size, gloo_opts
         )
         self._executor = OpExecutor(name)
         _live.add(self)
+        logger.debug(
+            "gloo communicator %s connected: rank %d of %d over %s",
+            name,
+            rank,
+            size,
+            self.transport,
+            extra={"comm": name, "rank": rank, "size": size, "transport": "tcp"},
+        )
 
-    def _gloo_device(self, store: c10d.Store, hints: dict[str, str]) -> Any:
+    def _gloo_device(self, store: c10d.Store, hints: dict[str, str]) -> tuple[str, Any]:
         """Loopback when every member is on this host, else the configured/default interface."""
         hostname = hints.get("hostname") or config.gloo_hostname()
         interface = hints.get("interface") or config.gloo_interface()
         lazy = True if "lazy" in hints else None
         if hostname or interface:
-            return c10d.ProcessGroupGloo.create_device(
-                hostname=hostname or "", interface=interface or "", lazy_init=lazy
+            return f"hostname={hostname!r} interface={interface!r}", (
+                c10d.ProcessGroupGloo.create_device(
+                    hostname=hostname or "", interface=interface or "", lazy_init=lazy
+                )
             )
         me = bootstrap.host_identity()
         store.set(f"host/{self._rank}", me)
@@ -190,8 +205,12 @@ class TorchCommGloo(TorchCommBackend):
         store.wait(keys, self._timeout)
         hosts = {store.get(k).decode() for k in keys}
         if hosts == {me}:
-            return c10d.ProcessGroupGloo.create_device(hostname="127.0.0.1", lazy_init=lazy)
-        return c10d.ProcessGroupGloo.create_default_device(lazy_init=lazy)
+            return "loopback: all ranks on this host", c10d.ProcessGroupGloo.create_device(
+                hostname="127.0.0.1", lazy_init=lazy
+            )
+        return f"default interface: {len(hosts)} hosts", (
+            c10d.ProcessGroupGloo.create_default_device(lazy_init=lazy)
+        )
 
     def finalize(self) -> None:
         self._release(join_timeout_s=self._timeout.total_seconds())
