@@ -114,16 +114,14 @@ def _advertised_host(bootstrap: c10d.Store) -> str:
 class CommStore:
     """The store a communicator talks through, plus what must stay alive with it."""
 
-    store: c10d.Store
-    owned_server: c10d.Store | None = None  # rank 0's private TCPStore server, kept alive
+    store: c10d.Store  # on rank 0 this TCPStore is also the server the other ranks use
     parent: CommStore | None = None  # a split child keeps its parent's store alive
 
     def close(self) -> None:
-        self.owned_server = None
         self.parent = None
 
 
-def _connect_bootstrap(rank: int, size: int, timeout: timedelta) -> tuple[c10d.Store, bool]:
+def _connect_bootstrap(rank: int, size: int, timeout: timedelta) -> c10d.Store:
     """Connect to ``MASTER_ADDR:MASTER_PORT``; rank 0 serves it unless someone already does."""
     addr, port = config.master_addr_port()
     if not addr:
@@ -131,13 +129,13 @@ def _connect_bootstrap(rank: int, size: int, timeout: timedelta) -> tuple[c10d.S
     if port is None:
         raise RuntimeError("MASTER_PORT env is not set (needed when new_comm gets no store)")
     if config.torchelastic_agent_store() or rank != 0:
-        return c10d.TCPStore(addr, port, None, False, timeout), False
+        return c10d.TCPStore(addr, port, None, False, timeout)
     try:
-        return c10d.TCPStore(addr, port, size, True, timeout, wait_for_workers=False), True
+        return c10d.TCPStore(addr, port, size, True, timeout, wait_for_workers=False)
     except RuntimeError as exc:
         # Someone (a launcher, a user's own store) already serves MASTER_PORT: use it.
         logger.debug("MASTER_PORT %s is taken (%s); connecting as a client", port, exc)
-        return c10d.TCPStore(addr, port, None, False, timeout), False
+        return c10d.TCPStore(addr, port, None, False, timeout)
 
 
 def _claim_name(store: c10d.Store, rank: int) -> None:
@@ -160,16 +158,14 @@ def _dup_store(
         server = c10d.TCPStore(host, 0, size, True, timeout, wait_for_workers=False)
         bootstrap.set(key, f"{host}:{server.port}")
         private: c10d.Store = server
-        owned: c10d.Store | None = server
     else:
         bootstrap.wait([key], timeout)
         host, _, port = bootstrap.get(key).decode().rpartition(":")
         private = c10d.TCPStore(host, int(port), None, False, timeout)
-        owned = None
     # Everyone announces it reached the private store, so rank 0 may drop the bootstrap one.
     private.set(f"joined/{rank}", "1")
     private.wait([f"joined/{r}" for r in range(size)], timeout)
-    return CommStore(store=private, owned_server=owned)
+    return CommStore(store=private)
 
 
 def create_comm_store(
@@ -187,7 +183,7 @@ def create_comm_store(
         if persistent:
             return CommStore(store=prefixed)
         return _dup_store(prefixed, rank, size, timeout, "dup_store")
-    bootstrap, _serving = _connect_bootstrap(rank, size, timeout)
+    bootstrap = _connect_bootstrap(rank, size, timeout)
     prefixed = c10d.PrefixStore(f"torchcomms/{name}", bootstrap)
     # A launcher's store outlives our comms: number each creation of this name per rank.
     generation = prefixed.add(f"generation/{rank}", 1)

@@ -10,6 +10,7 @@ thread; ``op_id`` allocation and hook registration are thread-safe.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -33,7 +34,7 @@ from torchcomms.types import (
     ReduceOp,
 )
 from torchcomms.validation import Checker
-from torchcomms.work import CompletedWork, PythonBackendWork, TorchWork
+from torchcomms.work import PythonBackendWork, TorchWork, completed_python_work
 
 logger = logging.getLogger("torchcomms.comm")
 
@@ -203,7 +204,7 @@ class TorchComm:
                 "finalized)"
             )
         return Checker(
-            self._prefix(op),
+            functools.partial(self._prefix, op),
             self.get_rank(),
             self.get_size(),
             self._device,
@@ -862,9 +863,7 @@ class BatchSendRecv:
 
 def _wrap_plugin_result(result: Any) -> TorchWork:
     if result is None:
-        work = CompletedWork()
-        work._python_created = True
-        return work
+        return completed_python_work()
     if isinstance(result, TorchWork):
         return result
     if not callable(getattr(result, "wait", None)):

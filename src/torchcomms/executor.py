@@ -61,10 +61,6 @@ class OpExecutor:
                     f"finish within {timeout_s:.1f} s"
                 )
 
-    def idle(self) -> bool:
-        with self._lock:
-            return self._unfinished == 0
-
     def close(self, timeout_s: float) -> None:
         """Stop accepting ops, let queued ones finish (bounded), and end the thread."""
         with self._lock:

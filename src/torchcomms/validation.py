@@ -6,7 +6,7 @@ raises the same typed error on every backend and nothing is half-done.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -18,25 +18,33 @@ _BITWISE = (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR)
 
 
 class Checker:
-    """Validates one op's arguments; errors are prefixed with comm, rank and op."""
+    """Validates one op's arguments; errors are prefixed with comm, rank and op.
 
-    __slots__ = ("device", "dtypes", "prefix", "rank", "self_p2p", "size")
+    The prefix is built only when an error is raised: valid calls (the hot path) skip it.
+    """
+
+    __slots__ = ("_describe", "device", "dtypes", "rank", "self_p2p", "size")
 
     def __init__(
         self,
-        prefix: str,
+        describe: Callable[[], str],
         rank: int,
         size: int,
         device: torch.device,
         dtypes: frozenset[torch.dtype] | None,
         self_p2p: bool = True,
     ) -> None:
-        self.prefix = prefix
+        self._describe = describe
         self.self_p2p = self_p2p
         self.rank = rank
         self.size = size
         self.device = device
         self.dtypes = dtypes
+
+    @property
+    def prefix(self) -> str:
+        """``"[<backend> comm=<name> rank=<r>] <op>: "``, naming where the error happened."""
+        return self._describe()
 
     def fail(self, message: str) -> CommValidationError:
         return CommValidationError(f"{self.prefix}{message}")

@@ -76,8 +76,7 @@ class AsyncWork(TorchWork):
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._completion: Callable[[], None] | None = None
-        self._completion_lock = threading.RLock()
-        self._callbacks: list[Callable[[TorchWork], None]] = []
+        self._completion_lock = threading.Lock()
 
     # -- producer side -------------------------------------------------------------------
     def _mark_started(self) -> None:
@@ -95,8 +94,6 @@ class AsyncWork(TorchWork):
         elif completion is None:
             self._status = WorkStatus.COMPLETED
         self._done.set()
-        if completion is None:
-            self._run_callbacks()
 
     # -- consumer side -------------------------------------------------------------------
     def is_completed(self) -> bool:
@@ -126,11 +123,9 @@ class AsyncWork(TorchWork):
                         else WorkStatus.ERROR
                     )
                     self._completion = None
-                    self._run_callbacks()
                     raise
                 self._completion = None
                 self._status = WorkStatus.COMPLETED
-                self._run_callbacks()
 
     def exception(self) -> BaseException | None:
         return self._error
@@ -139,23 +134,6 @@ class AsyncWork(TorchWork):
         # Upstream's threaded gloo works never implement it, whatever their state; keying on
         # the status would make the outcome depend on how fast the op ran.
         raise RuntimeError(WAIT_BLOCKING_UNSUPPORTED)
-
-    def _add_done_callback(self, callback: Callable[[TorchWork], None]) -> None:
-        """Run ``callback(work)`` once the work is fully complete (used by the c10d bridge)."""
-        run_now = False
-        with self._completion_lock:
-            if self._done.is_set() and self._completion is None:
-                run_now = True
-            else:
-                self._callbacks.append(callback)
-        if run_now:
-            callback(self)
-
-    def _run_callbacks(self) -> None:
-        with self._completion_lock:
-            callbacks, self._callbacks = self._callbacks, []
-        for cb in callbacks:
-            cb(self)
 
 
 class PythonBackendWork(TorchWork):
@@ -177,6 +155,7 @@ class PythonBackendWork(TorchWork):
 
 
 def completed_python_work() -> TorchWork:
+    """The work of a plug-in backend op that returned ``None`` (already done)."""
     work = CompletedWork()
     work._python_created = True
     return work

@@ -106,16 +106,21 @@ def _release_live_comms() -> None:
 class _Deadline:
     """The absolute deadline of one op; composite ops split it across their gloo calls."""
 
-    __slots__ = ("end", "total")
+    __slots__ = ("end",)
 
     def __init__(self, timeout: timedelta) -> None:
-        self.total = timeout
         self.end = time.monotonic() + timeout.total_seconds()
 
     def remaining(self) -> timedelta:
         left = self.end - time.monotonic()
         # gloo treats 0 as "no timeout"; never hand it a non-positive value.
         return timedelta(seconds=max(left, 0.001))
+
+    def arm(self, gloo_options: Any) -> timedelta:
+        """Give one gloo call the time left; the same budget then bounds its wait."""
+        left = self.remaining()
+        gloo_options.timeout = left
+        return left
 
 
 class TorchCommGloo(TorchCommBackend):
@@ -268,7 +273,7 @@ class TorchCommGloo(TorchCommBackend):
             self._device or torch.device("cpu"),
             name,
             options,
-            CommStore(store=child_store, owned_server=None, parent=self._store),
+            CommStore(store=child_store, parent=self._store),
             ranks.index(self._rank),
             len(ranks),
         )
@@ -286,7 +291,6 @@ class TorchCommGloo(TorchCommBackend):
 
         ``peers`` (point-to-point ops) are named in the error if the op fails.
         """
-        self._check_healthy(opts)
         executor = self._executor
         if executor is None:
             raise CommStateError(self._prefix(opts) + "TorchCommGloo not initialized")
@@ -316,6 +320,7 @@ class TorchCommGloo(TorchCommBackend):
             if completion is not None:
                 completion()
             return CompletedWork()
+        self._check_healthy(opts)  # fail at issue when already poisoned; guarded() re-checks
         work = AsyncWork(self._prefix(opts).rstrip(": "), timeout.total_seconds())
         return executor.submit(guarded, work)
 
@@ -360,10 +365,6 @@ class TorchCommGloo(TorchCommBackend):
                 self._poison = error
         return error
 
-    @staticmethod
-    def _wait(work: Any, deadline: _Deadline) -> None:
-        work.wait(deadline.remaining())
-
     def _pg_checked(self) -> Any:
         pg = self._pg
         if pg is None:
@@ -387,9 +388,9 @@ class TorchCommGloo(TorchCommBackend):
         pg = self._pg_checked()
         o = c10d.AllreduceOptions()
         o.reduceOp = _c10d_op(op, tensor.dtype)
-        o.timeout = deadline.remaining()
+        left = deadline.arm(o)
         self._premultiply(tensor, op)
-        self._wait(pg.allreduce([tensor], o), deadline)
+        pg.allreduce([tensor], o).wait(left)
         self._postprocess(tensor, op)
 
     def all_reduce(
@@ -421,9 +422,9 @@ class TorchCommGloo(TorchCommBackend):
         o = c10d.ReduceOptions()
         o.reduceOp = _c10d_op(op, tensor.dtype)
         o.rootRank = root
-        o.timeout = deadline.remaining()
+        left = deadline.arm(o)
         self._premultiply(tensor, op)
-        self._wait(pg.reduce([tensor], o), deadline)
+        pg.reduce([tensor], o).wait(left)
         if self._rank == root:
             self._postprocess(tensor, op)
 
@@ -442,8 +443,8 @@ class TorchCommGloo(TorchCommBackend):
         pg = self._pg_checked()
         o = c10d.BroadcastOptions()
         o.rootRank = root
-        o.timeout = deadline.remaining()
-        self._wait(pg.broadcast([tensor], o), deadline)
+        left = deadline.arm(o)
+        pg.broadcast([tensor], o).wait(left)
 
     # -- gathers -------------------------------------------------------------------------------
     def all_gather(
@@ -468,9 +469,9 @@ class TorchCommGloo(TorchCommBackend):
     ) -> None:
         pg = self._pg_checked()
         o = c10d.AllgatherOptions()
-        o.timeout = deadline.remaining()
+        left = deadline.arm(o)
         src = tensor.detach().to("cpu").reshape(-1)
-        self._wait(pg._allgather_base(flat, src, o), deadline)
+        pg._allgather_base(flat, src, o).wait(left)
 
     def all_gather_single(
         self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
@@ -527,15 +528,15 @@ class TorchCommGloo(TorchCommBackend):
         pg = self._pg_checked()
         o = c10d.GatherOptions()
         o.rootRank = root
-        o.timeout = deadline.remaining()
+        left = deadline.arm(o)
         src = input_tensor.detach().to("cpu").contiguous()
         if self._rank == root:
             staging = [torch.empty_like(src) for _ in range(self._size)]
-            self._wait(pg.gather([staging], [src], o), deadline)
+            pg.gather([staging], [src], o).wait(left)
             for out, got in zip(outputs, staging, strict=True):
                 out.copy_(got.view(out.shape))
         else:
-            self._wait(pg.gather([], [src], o), deadline)
+            pg.gather([], [src], o).wait(left)
 
     def gather_single(
         self,
@@ -567,13 +568,13 @@ class TorchCommGloo(TorchCommBackend):
             pg = self._pg_checked()
             o = c10d.ScatterOptions()
             o.rootRank = root
-            o.timeout = deadline.remaining()
+            left = deadline.arm(o)
             with _on_host(output_tensor) as host_out:
                 if self._rank == root:
                     srcs = [t.detach().to("cpu").contiguous() for t in input_tensor_list]
-                    self._wait(pg.scatter([host_out], [srcs], o), deadline)
+                    pg.scatter([host_out], [srcs], o).wait(left)
                 else:
-                    self._wait(pg.scatter([host_out], [], o), deadline)
+                    pg.scatter([host_out], [], o).wait(left)
 
         return self._run(options, async_op, body)
 
@@ -607,8 +608,8 @@ class TorchCommGloo(TorchCommBackend):
             flat_in = flat_in * op.factor_value()  # never scale the caller's input in place
         o = c10d.ReduceScatterOptions()
         o.reduceOp = _c10d_op(op, out.dtype)
-        o.timeout = deadline.remaining()
-        self._wait(pg._reduce_scatter_base(out, flat_in, o), deadline)
+        left = deadline.arm(o)
+        pg._reduce_scatter_base(out, flat_in, o).wait(left)
         self._postprocess(out, op)
 
     def reduce_scatter_single(
@@ -658,8 +659,8 @@ class TorchCommGloo(TorchCommBackend):
     ) -> None:
         pg = self._pg_checked()
         o = c10d.AllToAllOptions()
-        o.timeout = deadline.remaining()
-        self._wait(pg.alltoall_base(out, inp, out_splits, in_splits, o), deadline)
+        left = deadline.arm(o)
+        pg.alltoall_base(out, inp, out_splits, in_splits, o).wait(left)
 
     def all_to_all_single(
         self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
@@ -727,8 +728,8 @@ class TorchCommGloo(TorchCommBackend):
         def body(deadline: _Deadline) -> None:
             pg = self._pg_checked()
             o = c10d.BarrierOptions()
-            o.timeout = deadline.remaining()
-            self._wait(pg.barrier(o), deadline)
+            left = deadline.arm(o)
+            pg.barrier(o).wait(left)
 
         return self._run(options, async_op, body)
 
@@ -748,7 +749,7 @@ class TorchCommGloo(TorchCommBackend):
             work = pg.recv([staged], op.peer, tag)
 
         def complete() -> None:
-            self._wait(work, deadline)
+            work.wait(deadline.remaining())
             if staged is not tensor and op.type is P2POpType.RECV:
                 tensor.copy_(staged)
 
