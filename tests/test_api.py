@@ -122,6 +122,10 @@ def test_reduce_op_premul_sum() -> None:
     assert torch.equal(tensor_op.factor, factor)
     assert tensor_op.factor_value() == 0.5
     assert ReduceOp.PREMUL_SUM(2.0) is not ReduceOp.PREMUL_SUM(2.0)  # a new op each call
+    assert ReduceOp.PREMUL_SUM(2.0).factor_value() == 2.0
+    assert ReduceOp.SUM.factor is None
+    with pytest.raises(RuntimeError, match=r"ReduceOp\.SUM has no factor"):
+        ReduceOp.SUM.factor_value()
 
 
 def test_reduce_op_bad_factors_and_constructor() -> None:
@@ -458,6 +462,15 @@ def test_query_ranksize_nothing_found(
         "TORCHCOMM_RANK and TORCHCOMM_SIZE, or ensure you are running in a supported "
         "environment (Torchrun, MPI, or PALS)."
     )
+
+
+def test_query_ranksize_rank_beyond_size(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("TORCHCOMM_RANK", "4")
+    clean_env.setenv("TORCHCOMM_SIZE", "4")
+    with pytest.raises(
+        RuntimeError, match="Rank 4 from TORCHCOMM_RANK is out of range for world size 4"
+    ):
+        bootstrap.query_ranksize()
 
 
 def test_query_ranksize_invalid_selector(clean_env: pytest.MonkeyPatch) -> None:
@@ -1007,6 +1020,15 @@ def test_register_backend_rules() -> None:
         new_comm("no_such_backend", CPU, name="nope")
     with pytest.raises(TypeError, match="must be a class"):
         register_backend("not_a_class", DummyPyBackend())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="name must be a non-empty str"):
+        register_backend("", DummyPyBackend)
+
+    class NotABackend:
+        pass
+
+    register_backend("not_a_backend_test_api", NotABackend)
+    with pytest.raises(TypeError, match="class NotABackend must subclass TorchCommBackend"):
+        new_comm("not_a_backend_test_api", CPU, name="nope")
 
 
 def test_built_backends_and_reconfigure_support() -> None:

@@ -68,6 +68,9 @@ class CompletedWork(TorchWork):
 class AsyncWork(TorchWork):
     """The work of an operation running in the background (see the module docstring)."""
 
+    #: Extra seconds ``wait()`` allows beyond twice the op's timeout before calling it stuck.
+    STUCK_GRACE_S = 30.0
+
     def __init__(self, description: str, timeout_s: float) -> None:
         super().__init__()
         self._status = WorkStatus.NOT_STARTED
@@ -102,7 +105,7 @@ class AsyncWork(TorchWork):
     def wait(self) -> None:
         # The producer enforces the op's own deadline; this bound only guards against a stuck
         # executor (e.g. an earlier op that never returns), so it is generous.
-        bound = self._timeout_s * 2 + 30.0
+        bound = self._timeout_s * 2 + self.STUCK_GRACE_S
         if not self._done.wait(bound):
             self._status = WorkStatus.TIMEDOUT
             raise CommTimeoutError(
