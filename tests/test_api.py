@@ -547,6 +547,15 @@ def test_fake_getters() -> None:
         comm.set_timeout(12)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="timeout must be positive"):
         comm.set_timeout(timedelta(0))
+    name = comm.get_name()
+    with pytest.raises(RuntimeError, match=f"new_window not implemented for communicator:{name}"):
+        comm.new_window()
+    with pytest.raises(
+        RuntimeError, match=f"tensor_register not implemented for communicator:{name}"
+    ):
+        comm.tensor_register(torch.ones(2))
+    with pytest.raises(RuntimeError, match="tensor_deregister not implemented"):
+        comm.tensor_deregister(torch.ones(2))
     assert "fake_getters" in repr(comm)
     comm.finalize()
 
