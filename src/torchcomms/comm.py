@@ -24,6 +24,7 @@ import torch
 from torchcomms import config, hook_args, registry
 from torchcomms.backends.base import TorchCommBackend
 from torchcomms.errors import CommStateError
+from torchcomms.oprecord import OpObserver, OpRecord
 from torchcomms.types import (
     BatchP2POptions,
     CommOptions,
@@ -84,6 +85,7 @@ class TorchComm:
         self._abort_hooks: dict[int, AbortHook] = {}
         self._native = bool(getattr(impl, "_native", False))
         self._impl_name = type(impl).__name__
+        self._observers: tuple[OpObserver, ...] = ()
 
     # -- getters ---------------------------------------------------------------------------------
     def get_rank(self) -> int:
@@ -246,16 +248,50 @@ class TorchComm:
         op_id = _next_op_id()
         self._run_pre_hooks(name, op_id, pre_args)
         method = getattr(self._impl, name.name, None)
-        if self._native:
+
+        def call() -> TorchWork:
+            if self._native:
+                assert method is not None
+                return method(*args, OpOptions(resolved, dict(hints or {}), name.name, op_id))
+            if plugin is not None:
+                return _wrap_plugin_result(plugin())
             assert method is not None
-            work = method(*args, OpOptions(resolved, dict(hints or {}), name.name, op_id))
-        elif plugin is not None:
-            work = _wrap_plugin_result(plugin())
-        else:
-            assert method is not None
-            work = _wrap_plugin_result(method(*args))
+            return _wrap_plugin_result(method(*args))
+
+        work = self._observed(name, op_id, pre_args, resolved, call)
         self._run_post_hooks(op_id, hook_args.CollectivePostHookArgs(work))
         return work
+
+    def _observed(
+        self,
+        name: OpName,
+        op_id: int,
+        pre_args: Any,
+        timeout: timedelta,
+        call: Callable[[], TorchWork],
+    ) -> TorchWork:
+        """``call()`` the backend, telling the internal observers (``oprecord``) about it."""
+        observers = self._observers
+        if not observers:
+            return call()
+        record = OpRecord(self, name, op_id, pre_args, timeout, observers)
+        record._scheduled()
+        record._running_inline()
+        try:
+            work = call()
+        except BaseException as exc:
+            record._failed(exc)
+            raise
+        record._issued(work)
+        return work
+
+    def _add_observer(self, observer: OpObserver) -> None:
+        """Attach an internal observer (see ``oprecord``); split children inherit it."""
+        if observer not in self._observers:
+            self._observers = (*self._observers, observer)
+
+    def _remove_observer(self, observer: OpObserver) -> None:
+        self._observers = tuple(o for o in self._observers if o is not observer)
 
     # -- point-to-point ----------------------------------------------------------------------------
     def send(
@@ -766,6 +802,7 @@ class TorchComm:
         child_options.hints = dict(hints or {})
         child_impl = self._impl.split(members, name, child_options)
         child = TorchComm(self._backend, child_impl, self._device, child_options)
+        child._observers = self._observers
         self._run_post_hooks(op_id, hook_args.SplitPostHookArgs(child))
         return child
 
@@ -851,11 +888,16 @@ class BatchSendRecv:
             )
         resolved = comm._resolve_timeout(opts.timeout, "batch_op_issue", opts.hints)
         op_id = _next_op_id()
-        comm._run_pre_hooks(
-            OpName.batch_op_issue, op_id, hook_args.BatchOpIssuePreHookArgs(len(ops), async_op)
-        )
-        work: TorchWork = impl.batch_op_issue(  # type: ignore[attr-defined]
-            ops, async_op, OpOptions(resolved, dict(opts.hints), "batch_op_issue", op_id)
+        pre_args = hook_args.BatchOpIssuePreHookArgs(len(ops), async_op)
+        comm._run_pre_hooks(OpName.batch_op_issue, op_id, pre_args)
+        work = comm._observed(
+            OpName.batch_op_issue,
+            op_id,
+            pre_args,
+            resolved,
+            lambda: impl.batch_op_issue(  # type: ignore[attr-defined]
+                ops, async_op, OpOptions(resolved, dict(opts.hints), "batch_op_issue", op_id)
+            ),
         )
         comm._run_post_hooks(op_id, hook_args.BatchOpIssuePostHookArgs(work))
         return work
@@ -931,4 +973,23 @@ def new_comm(
     impl._device = dev
     impl._options = options
     impl.init(dev, name, options)
-    return TorchComm(backend, impl, dev, options)
+    comm = TorchComm(backend, impl, dev, options)
+    for factory in list(_default_observer_factories):
+        observer = factory(comm)
+        if observer is not None:
+            comm._add_observer(observer)
+    return comm
+
+
+ObserverFactory = Callable[[TorchComm], "OpObserver | None"]
+_default_observer_factories: list[ObserverFactory] = []
+
+
+def add_default_observer(factory: ObserverFactory) -> None:
+    """Call ``factory(comm)`` for every communicator ``new_comm`` creates from now on.
+
+    Used by always-on tooling (the flight recorder, ``TORCHCOMM_LOG_JSON``): the factory
+    returns the observer to attach, or ``None`` to leave that comm alone.
+    """
+    if factory not in _default_observer_factories:
+        _default_observer_factories.append(factory)

@@ -6,16 +6,28 @@ producer stores the result or the exception, then sets an ``Event``; ``wait()``
 blocks on that event with a deadline and re-raises the stored exception.  A
 work may carry a *completion* (e.g. "wait for these posted gloo receives"),
 run once by the first ``wait()`` after the producer finished.
+
+Done-callbacks (``_add_done_callback``) let observers (the c10d bridge's futures,
+the flight recorder) learn when an op finished without polling: each runs once,
+on the thread that finished the work (or at once, on the registering thread, if
+the work already finished).  A work with a completion finishes at the ``wait()``
+that runs it.  Callback errors are logged, never raised into the producer.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from torchcomms.errors import CommTimeoutError
+
+logger = logging.getLogger("torchcomms.work")
+
+DoneCallback = Callable[["TorchWork"], None]
 
 WAIT_BLOCKING_UNSUPPORTED = "[TorchWork]: waitBlocking not implemented for this work type"
 
@@ -52,6 +64,14 @@ class TorchWork:
     def exception(self) -> BaseException | None:
         return None
 
+    def _add_done_callback(self, callback: DoneCallback) -> None:
+        """Run ``callback(self)`` once the op finished (now, if it already has)."""
+        _call_safely(callback, self)
+
+    def _started_ns(self) -> int | None:
+        """``time.monotonic_ns()`` when the op began running, if this work knows it."""
+        return None
+
     def _set_status(self, status: WorkStatus) -> None:
         if not self._python_created:
             raise RuntimeError("_set_status is only supported on Python-created work objects")
@@ -80,10 +100,22 @@ class AsyncWork(TorchWork):
         self._error: BaseException | None = None
         self._completion: Callable[[], None] | None = None
         self._completion_lock = threading.Lock()
+        self._callbacks = _DoneCallbacks(self)
+        self._started_at: int | None = None
 
     # -- producer side -------------------------------------------------------------------
     def _mark_started(self) -> None:
+        self._started_at = time.monotonic_ns()
         self._status = WorkStatus.INPROGRESS
+
+    def _started_ns(self) -> int | None:
+        return self._started_at
+
+    def _add_done_callback(self, callback: DoneCallback) -> None:
+        self._callbacks.add(callback)
+
+    def _fire_callbacks(self) -> None:
+        self._callbacks.fire()
 
     def _finish(
         self, error: BaseException | None, completion: Callable[[], None] | None = None
@@ -97,6 +129,8 @@ class AsyncWork(TorchWork):
         elif completion is None:
             self._status = WorkStatus.COMPLETED
         self._done.set()
+        if error is not None or completion is None:
+            self._fire_callbacks()
 
     # -- consumer side -------------------------------------------------------------------
     def is_completed(self) -> bool:
@@ -126,9 +160,11 @@ class AsyncWork(TorchWork):
                         else WorkStatus.ERROR
                     )
                     self._completion = None
+                    self._fire_callbacks()
                     raise
                 self._completion = None
                 self._status = WorkStatus.COMPLETED
+                self._fire_callbacks()
 
     def exception(self) -> BaseException | None:
         return self._error
@@ -137,6 +173,35 @@ class AsyncWork(TorchWork):
         # Upstream's threaded gloo works never implement it, whatever their state; keying on
         # the status would make the outcome depend on how fast the op ran.
         raise RuntimeError(WAIT_BLOCKING_UNSUPPORTED)
+
+
+def _call_safely(callback: DoneCallback, work: TorchWork) -> None:
+    try:
+        callback(work)
+    except Exception:
+        logger.exception("torchcomms: a work done-callback raised")
+
+
+class _DoneCallbacks:
+    """The pending done-callbacks of one work; ``fire()`` runs them once, later adds run at once."""
+
+    def __init__(self, work: TorchWork) -> None:
+        self._work = work
+        self._pending: list[DoneCallback] | None = []
+        self._lock = threading.Lock()
+
+    def add(self, callback: DoneCallback) -> None:
+        with self._lock:
+            if self._pending is not None:
+                self._pending.append(callback)
+                return
+        _call_safely(callback, self._work)
+
+    def fire(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, None
+        for callback in pending or ():
+            _call_safely(callback, self._work)
 
 
 class PythonBackendWork(TorchWork):
@@ -148,13 +213,28 @@ class PythonBackendWork(TorchWork):
         self._inner = inner
         self._status = WorkStatus.INPROGRESS
         self._waited = False
+        self._error: BaseException | None = None
+        self._callbacks = _DoneCallbacks(self)
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def _add_done_callback(self, callback: DoneCallback) -> None:
+        self._callbacks.add(callback)
 
     def wait(self) -> None:
         if self._waited:
             return
-        self._inner.wait()
+        try:
+            self._inner.wait()
+        except BaseException as exc:
+            self._error = exc
+            self._status = WorkStatus.ERROR
+            self._callbacks.fire()
+            raise
         self._waited = True
         self._status = WorkStatus.COMPLETED
+        self._callbacks.fire()
 
 
 def completed_python_work() -> TorchWork:

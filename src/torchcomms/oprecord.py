@@ -1,0 +1,141 @@
+"""``OpRecord``: one issued operation as internal observers see it.
+
+Observers (the flight recorder, the JSON event log, the collective-mismatch check)
+attach to a communicator with ``TorchComm._add_observer`` and implement
+``OpObserver``.  Unlike user hooks, they see the op's whole life:
+
+* ``op_scheduled(record)`` runs on the issuing thread after the pre-hooks and before
+  the backend is called; raising stops the op (the error reaches the caller).
+  ``record.args`` (the pre-hook args, holding the tensors) is only set during this call,
+  so a recorder that keeps records never keeps tensors alive.
+* ``op_finished(record)`` runs once, when the op completed or failed (``record.error``),
+  on whichever thread finished it: the issuing thread for sync ops and failures at issue,
+  the comm's executor thread for async ops, the waiting thread for ops that finish in
+  ``wait()`` (posted receives).  It must be quick and must not raise.
+
+``state`` follows PyTorch's flight-recorder vocabulary: ``scheduled`` (queued behind
+earlier ops), ``started`` (running), ``completed`` (finished, with or without error).
+Times are ``time.time_ns()`` wall-clock, comparable across ranks of one host.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+from torchcomms.types import OpName
+from torchcomms.work import TorchWork, WorkStatus
+
+if TYPE_CHECKING:
+    from torchcomms.comm import TorchComm
+
+logger = logging.getLogger("torchcomms.oprecord")
+
+# Wall-clock minus monotonic, so monotonic stamps taken by works convert to wall-clock.
+_WALL_OFFSET_NS = time.time_ns() - time.monotonic_ns()
+
+
+class OpObserver(Protocol):
+    def op_scheduled(self, record: OpRecord) -> None: ...
+
+    def op_finished(self, record: OpRecord) -> None: ...
+
+
+class OpRecord:
+    """Everything known about one op (see the module docstring); mutated by its comm only."""
+
+    __slots__ = (
+        "args",
+        "async_op",
+        "comm",
+        "error",
+        "name",
+        "observers",
+        "op_id",
+        "time_completed_ns",
+        "time_created_ns",
+        "time_started_ns",
+        "timeout",
+        "work",
+    )
+
+    def __init__(
+        self,
+        comm: TorchComm,
+        name: OpName,
+        op_id: int,
+        args: Any,
+        timeout: timedelta,
+        observers: tuple[OpObserver, ...],
+    ) -> None:
+        self.comm = comm
+        self.name = name
+        self.op_id = op_id
+        self.args: Any = args
+        self.async_op = bool(getattr(args, "async_op", False))
+        self.timeout = timeout
+        self.observers = observers
+        self.time_created_ns = time.time_ns()
+        self.time_started_ns: int | None = None
+        self.time_completed_ns: int | None = None
+        self.error: BaseException | None = None
+        self.work: TorchWork | None = None
+
+    @property
+    def state(self) -> str:
+        if self.time_completed_ns is not None:
+            return "completed"
+        if self.time_started_ns is not None or self._work_started():
+            return "started"
+        return "scheduled"
+
+    @property
+    def started_ns(self) -> int | None:
+        """When the op began running (an async op: when the executor picked it up)."""
+        if self.time_started_ns is not None:
+            return self.time_started_ns
+        work = self.work
+        mono = work._started_ns() if work is not None else None
+        return None if mono is None else mono + _WALL_OFFSET_NS
+
+    def _work_started(self) -> bool:
+        work = self.work
+        return work is not None and work.status() is not WorkStatus.NOT_STARTED
+
+    # -- driven by TorchComm ---------------------------------------------------------------
+    def _scheduled(self) -> None:
+        try:
+            for observer in self.observers:
+                observer.op_scheduled(self)
+        finally:
+            self.args = None
+
+    def _running_inline(self) -> None:
+        """A sync op: the backend runs it on this thread now (after earlier async ops)."""
+        if not self.async_op:
+            self.time_started_ns = time.time_ns()
+
+    def _issued(self, work: TorchWork) -> None:
+        self.work = work
+        work._add_done_callback(self._work_done)
+
+    def _failed(self, error: BaseException) -> None:
+        self.error = error
+        self._finish()
+
+    def _work_done(self, work: TorchWork) -> None:
+        self.error = work.exception()
+        if self.time_started_ns is None:
+            self.time_started_ns = self.started_ns
+        self._finish()
+
+    def _finish(self) -> None:
+        self.time_completed_ns = time.time_ns()
+        self.work = None
+        for observer in self.observers:
+            try:
+                observer.op_finished(self)
+            except Exception:
+                logger.exception("torchcomms: an op observer raised in op_finished")
