@@ -128,9 +128,11 @@ class AsyncWork(TorchWork):
             )
         elif completion is None:
             self._status = WorkStatus.COMPLETED
-        self._done.set()
+        # Callbacks run before waiters wake, so an observer can still annotate the error
+        # (e.g. with a flight-recorder dump path) before wait() re-raises it.
         if error is not None or completion is None:
             self._fire_callbacks()
+        self._done.set()
 
     # -- consumer side -------------------------------------------------------------------
     def is_completed(self) -> bool:
