@@ -7,6 +7,7 @@ imported here (PyTorch imports this while ``torch.distributed`` is half-initiali
 
 from __future__ import annotations
 
+from torchcomms._backend_wrapper import _BackendWrapper
 from torchcomms.backends.base import TorchCommBackend
 from torchcomms.backends.fake import TorchCommFake
 from torchcomms.comm import BatchSendRecv, RemovableHandle, TorchComm, new_comm
@@ -48,6 +49,7 @@ __all__ = [
     "TorchCommFake",
     "TorchWork",
     "WorkStatus",
+    "_BackendWrapper",
     "_is_backend_registered",
     "_load_backend",
     "built_backends",

@@ -1,0 +1,612 @@
+"""``_BackendWrapper``: a ``torch.distributed`` process group that runs on a ``TorchComm``.
+
+PyTorch 2.13 (``TORCH_DISTRIBUTED_USE_TORCHCOMMS=1``) builds each process group with
+``new_comm(...)`` and wraps the comm with ``_BackendWrapper(comm)``.  ``c10d.Backend`` cannot
+be subclassed from Python in 2.13, so the wrapper subclasses ``c10d.ProcessGroup``; PyTorch
+then uses the wrapper as the process group itself, and every c10d call (the Python API,
+DDP's reducer, FSDP2, DTensor's functional collectives through the C++ dispatcher) lands on
+a method below that maps it to the comm (reference §8.1).
+
+Import rule: PyTorch imports this module while ``torch.distributed`` is half-initialised,
+so at module level it imports only ``torch``, ``torch._C._distributed_c10d`` and the stdlib.
+
+Concurrency: each c10d call is issued on the calling thread, in call order, like any
+TorchComm op.  A ``_WorkWrapper`` completes its future from the TorchWork's done-callback
+(on the thread that finished the op), so DDP's ``get_future().then(...)`` chains run
+without anyone calling ``wait()``.  Coalescing state (``_start_coalescing`` ..
+``_end_coalescing``) belongs to the thread driving the group.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch._C import _distributed_c10d as c10d
+
+from torchcomms.comm import BatchSendRecv, TorchComm
+from torchcomms.types import RedOpType, ReduceOp
+from torchcomms.work import TorchWork
+
+logger = logging.getLogger("torchcomms.backend_wrapper")
+
+BACKEND_NAME = "torchcomms"
+_UNSET_TIMEOUT = timedelta(0)
+_MB_TAG_SIZE = 1
+
+
+class _BackendWrapperOptions(c10d.Backend.Options):
+    """The wrapper's ``options``: c10d backend options plus the comm's own settings."""
+
+    def __init__(self, comm: TorchComm) -> None:
+        opts = comm.get_options()
+        super().__init__(BACKEND_NAME, opts.timeout)
+        self.abort_process_on_timeout_or_error = opts.abort_process_on_timeout_or_error
+        self.is_high_priority_stream = opts.is_high_priority_stream
+        self.store = opts.store
+        self.hints = dict(opts.hints)
+
+
+class _WorkWrapper(c10d.Work):
+    """A c10d ``Work`` over one or more TorchWorks (all must finish); see the module docstring.
+
+    ``finish`` (optional) runs once after every TorchWork succeeded, before the future
+    completes (e.g. copying a staged all_gather back into aliased outputs).
+    """
+
+    def __init__(
+        self,
+        works: Sequence[TorchWork],
+        result: list[torch.Tensor],
+        timeout: timedelta | None = None,
+        finish: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__()
+        self._works = list(works)
+        self._result = result
+        self._timeout = timeout
+        self._finish = finish
+        self._future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+        self._lock = threading.Lock()
+        self._pending = len(self._works)
+        self._error: BaseException | None = None
+        if not self._works:
+            self._complete()
+        for work in self._works:
+            work._add_done_callback(self._one_done)
+
+    def _one_done(self, work: TorchWork) -> None:
+        with self._lock:
+            error = work.exception()
+            if error is not None and self._error is None:
+                self._error = error
+            self._pending -= 1
+            last = self._pending == 0
+        if last:
+            self._complete()
+
+    def _complete(self) -> None:
+        if self._error is None and self._finish is not None:
+            try:
+                self._finish()
+            except BaseException as exc:
+                self._error = exc
+        if self._error is not None:
+            self._future.set_exception(self._error)  # type: ignore[arg-type]
+        else:
+            self._future.set_result(self._result)
+
+    # -- c10d.Work API -------------------------------------------------------------------
+    def wait(self, timeout: timedelta = _UNSET_TIMEOUT) -> bool:
+        if timeout != _UNSET_TIMEOUT:
+            raise RuntimeError("wait timeout not supported")
+        for work in self._works:
+            work.wait()
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        return self._future.done() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> list[torch.Tensor]:
+        return self._result
+
+    def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
+        return self._future
+
+    def synchronize(self) -> None:
+        """CPU ops are complete once waited; there is no stream to synchronise."""
+
+    def block_current_stream(self) -> None:
+        self.wait()
+
+    def source_rank(self) -> int:
+        raise RuntimeError("source_rank is only defined for recv_anysource works")
+
+    def _timeout_value(self) -> timedelta | None:
+        return self._timeout
+
+
+def _reduce_op(op: Any) -> ReduceOp:
+    """The TorchComm ``ReduceOp`` for a c10d ``ReduceOp`` / ``RedOpType`` (incl. PREMUL_SUM)."""
+    if isinstance(op, ReduceOp):
+        return op
+    kind = op.op if isinstance(op, c10d.ReduceOp) else op  # type: ignore[attr-defined]
+    name = getattr(kind, "name", None)
+    if name is None:
+        raise TypeError(f"unsupported reduce op {op!r}")
+    if name == "PREMUL_SUM":
+        factor = getattr(op, "factor", None)
+        if factor is None:
+            raise RuntimeError("PREMUL_SUM reduce op has no factor")
+        return ReduceOp.PREMUL_SUM(factor)
+    return ReduceOp(RedOpType[name])
+
+
+def _single(tensors: Any, what: str) -> torch.Tensor:
+    if isinstance(tensors, torch.Tensor):
+        return tensors
+    if len(tensors) != 1:
+        raise RuntimeError(f"Only single tensor supported, but got {len(tensors)} tensors")
+    t = tensors[0]
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what}: expected a tensor, got {type(t).__name__}")
+    return t
+
+
+def _aliased(outputs: Sequence[torch.Tensor]) -> bool:
+    return (
+        len(outputs) > 1
+        and outputs[0].numel() > 0
+        and outputs[0].data_ptr() == outputs[1].data_ptr()
+    )
+
+
+class _BackendWrapper(c10d.ProcessGroup):
+    """A ``torch.distributed`` process group whose every call runs on ``comm``."""
+
+    def __init__(self, comm: TorchComm) -> None:
+        if not isinstance(comm, TorchComm):
+            raise TypeError(f"_BackendWrapper expects a TorchComm, got {type(comm).__name__}")
+        # Only the (rank, size) constructor accepts a Python subclass in torch 2.13.
+        super().__init__(comm.get_rank(), comm.get_size())  # type: ignore[call-arg]
+        self._comm = comm
+        self._default_timeout: timedelta | None = None
+        self._group_name = comm.get_name()
+        self._group_desc = "undefined"
+        self._coalescing: list[Any] | None = None
+        self._coalesced_batch: BatchSendRecv | None = None
+        self._seq = 0
+        self._closed = False
+        self._options = _BackendWrapperOptions(comm)
+        self._options.group_name = self._group_name
+        self._store: c10d.Store | None = None
+
+    # -- identity ------------------------------------------------------------------------
+    def get_comm(self) -> TorchComm:
+        return self._comm
+
+    def name(self) -> str:
+        return self._comm.get_backend()
+
+    def _get_backend_name(self) -> str:
+        return self._comm.get_backend()
+
+    def get_mem_allocator(self) -> Any:
+        raise RuntimeError(
+            f"get_mem_allocator: backend {self._comm.get_backend()!r} has no memory allocator "
+            "(CPU communicators use ordinary tensors)"
+        )
+
+    @property
+    def options(self) -> _BackendWrapperOptions:
+        return self._options
+
+    @property
+    def supports_splitting(self) -> bool:
+        return True
+
+    @property
+    def supports_coalescing(self) -> bool:
+        return True
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    @property
+    def group_desc(self) -> str:
+        return self._group_desc
+
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = str(name)
+        self._options.group_name = self._group_name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = str(desc)
+
+    @property
+    def _device_types(self) -> list[torch.device]:
+        return [torch.device(self._comm.get_device().type)]
+
+    def _get_backend(self, device: Any) -> _BackendWrapper:
+        wanted = torch.device(device).type
+        if wanted != self._comm.get_device().type:
+            raise RuntimeError(f"No backend type associated with device type {wanted}")
+        return self
+
+    def get_group_store(self) -> c10d.Store:
+        if self._store is None:
+            self._store = c10d.HashStore()
+        return self._store
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self._seq
+
+    def _set_sequence_number_for_group(self) -> None:
+        """Sequence numbers are the comm's own (op_id); nothing to agree on here."""
+
+    def eager_connect_single_device(self, device: Any) -> None:
+        """Communicators connect eagerly in ``new_comm``; nothing is left to do."""
+
+    def _has_hooks(self) -> bool:
+        return False
+
+    # -- timeouts ------------------------------------------------------------------------
+    def _set_default_timeout(self, timeout: timedelta) -> None:
+        self._default_timeout = timeout
+        self._options._timeout = timeout
+
+    def _verify_work_timeout(self, work: Any, timeout: timedelta) -> bool:
+        return isinstance(work, _WorkWrapper) and work._timeout_value() == timeout
+
+    def _timeout(self, opts: Any) -> timedelta | None:
+        t = getattr(opts, "timeout", None)
+        if isinstance(t, timedelta) and t > timedelta(0):
+            return t
+        return self._default_timeout
+
+    @staticmethod
+    def _async(opts: Any) -> bool:
+        return bool(getattr(opts, "asyncOp", True))
+
+    def _wrap(
+        self,
+        works: Sequence[TorchWork],
+        result: list[torch.Tensor],
+        timeout: timedelta | None,
+        finish: Callable[[], None] | None = None,
+    ) -> _WorkWrapper:
+        self._seq += 1
+        wrapped = _WorkWrapper(works, result, timeout, finish)
+        if self._coalescing is not None:
+            self._coalescing.append(wrapped)
+        return wrapped
+
+    # -- collectives ---------------------------------------------------------------------
+    def broadcast(self, tensors: Any, opts: Any = None) -> _WorkWrapper:
+        opts = opts if opts is not None else c10d.BroadcastOptions()
+        t = _single(tensors, "broadcast")
+        timeout = self._timeout(opts)
+        work = self._comm.broadcast(t, opts.rootRank, self._async(opts), timeout=timeout)
+        return self._wrap([work], [t], timeout)
+
+    def allreduce(self, tensors: Any, opts: Any = None) -> _WorkWrapper:
+        if opts is None or isinstance(opts, (c10d.ReduceOp, RedOpType, ReduceOp)) or (
+            type(opts).__name__ == "RedOpType"
+        ):
+            op = opts if opts is not None else c10d.ReduceOp.SUM
+            opts = c10d.AllreduceOptions()
+            opts.reduceOp = op if isinstance(op, c10d.ReduceOp) else c10d.ReduceOp(op)
+        t = _single(tensors, "allreduce")
+        timeout = self._timeout(opts)
+        work = self._comm.all_reduce(
+            t, _reduce_op(opts.reduceOp), self._async(opts), timeout=timeout
+        )
+        return self._wrap([work], [t], timeout)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> _WorkWrapper:
+        opts = opts if opts is not None else c10d.AllreduceCoalescedOptions()
+        timeout = self._timeout(opts)
+        op = _reduce_op(opts.reduceOp)
+        works = [self._comm.all_reduce(t, op, True, timeout=timeout) for t in tensors]
+        return self._wrap(works, list(tensors), timeout)
+
+    def reduce(self, tensors: Any, opts: Any = None) -> _WorkWrapper:
+        opts = opts if opts is not None else c10d.ReduceOptions()
+        t = _single(tensors, "reduce")
+        timeout = self._timeout(opts)
+        work = self._comm.reduce(
+            t, opts.rootRank, _reduce_op(opts.reduceOp), self._async(opts), timeout=timeout
+        )
+        return self._wrap([work], [t], timeout)
+
+    def allgather(
+        self, output_lists: list[list[torch.Tensor]], inputs: Any, opts: Any = None
+    ) -> _WorkWrapper:
+        opts = opts if opts is not None else c10d.AllgatherOptions()
+        t = _single(inputs, "allgather")
+        outputs = _single_list(output_lists, "allgather")
+        timeout = self._timeout(opts)
+        if _aliased(outputs):
+            # Outputs sharing storage cannot be written per rank; stage through one buffer.
+            staging = t.new_empty((len(outputs), *t.shape))
+            work = self._comm.all_gather_single(
+                staging.view(-1), t.contiguous().view(-1), True, timeout=timeout
+            )
+
+            def copy_back() -> None:
+                for i, out in enumerate(outputs):
+                    out.copy_(staging[i])
+
+            return self._wrap([work], outputs, timeout, copy_back)
+        work = self._comm.all_gather(outputs, t, self._async(opts), timeout=timeout)
+        return self._wrap([work], outputs, timeout)
+
+    def allgather_coalesced(
+        self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> _WorkWrapper:
+        opts = opts if opts is not None else c10d.AllgatherOptions()
+        if len(output_lists) != len(inputs):
+            raise RuntimeError(
+                f"allgather_coalesced: {len(output_lists)} output lists for {len(inputs)} inputs"
+            )
+        timeout = self._timeout(opts)
+        works = [
+            self._comm.all_gather(list(outs), t, True, timeout=timeout)
+            for outs, t in zip(output_lists, inputs, strict=True)
+        ]
+        return self._wrap(works, [o for outs in output_lists for o in outs], timeout)
+
+    def _allgather_base(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> _WorkWrapper:
+        return self.all_gather_single(output, input, opts)
+
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> _WorkWrapper:
+        opts = opts if opts is not None else c10d.AllgatherOptions()
+        timeout = self._timeout(opts)
+        work = self._comm.all_gather_single(output, input, self._async(opts), timeout=timeout)
+        return self._wrap([work], [output], timeout)
+
+    def allgather_into_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> _WorkWrapper:
+        opts = opts if opts is not None else c10d.AllgatherOptions()
+        timeout = self._timeout(opts)
+        works = [
+            self._comm.all_gather_single(o, i, True, timeout=timeout)
+            for o, i in zip(outputs, inputs, strict=True)
+        ]
+        return self._wrap(works, list(outputs), timeout)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def gather(
+        self, output_lists: list[list[torch.Tensor]], inputs: Any, opts: Any = None
+    ) -> _WorkWrapper:
+        opts = opts if opts is not None else c10d.GatherOptions()
+        t = _single(inputs, "gather")
+        root = opts.rootRank
+        outputs = _single_list(output_lists, "gather") if self.rank() == root else []
+        timeout = self._timeout(opts)
+        work = self._comm.gather(outputs, t, root, self._async(opts), timeout=timeout)
+        return self._wrap([work], outputs, timeout)
+
+    def scatter(
+        self, outputs: Any, input_lists: list[list[torch.Tensor]], opts: Any = None
+    ) -> _WorkWrapper:
+        opts = opts if opts is not None else c10d.ScatterOptions()
+        t = _single(outputs, "scatter")
+        root = opts.rootRank
+        inputs = _single_list(input_lists, "scatter") if self.rank() == root else []
+        timeout = self._timeout(opts)
+        work = self._comm.scatter(t, inputs, root, self._async(opts), timeout=timeout)
+        return self._wrap([work], [t], timeout)
+
+    def reduce_scatter(
+        self, outputs: Any, input_lists: list[list[torch.Tensor]], opts: Any = None
+    ) -> _WorkWrapper:
+        opts = opts if opts is not None else c10d.ReduceScatterOptions()
+        t = _single(outputs, "reduce_scatter")
+        inputs = _single_list(input_lists, "reduce_scatter")
+        timeout = self._timeout(opts)
+        work = self._comm.reduce_scatter(
+            t, inputs, _reduce_op(opts.reduceOp), self._async(opts), timeout=timeout
+        )
+        return self._wrap([work], [t], timeout)
+
+    def _reduce_scatter_base(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> _WorkWrapper:
+        return self.reduce_scatter_single(output, input, opts)
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> _WorkWrapper:
+        opts = opts if opts is not None else c10d.ReduceScatterOptions()
+        timeout = self._timeout(opts)
+        work = self._comm.reduce_scatter_single(
+            output, input, _reduce_op(opts.reduceOp), self._async(opts), timeout=timeout
+        )
+        return self._wrap([work], [output], timeout)
+
+    def reduce_scatter_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> _WorkWrapper:
+        opts = opts if opts is not None else c10d.ReduceScatterOptions()
+        timeout = self._timeout(opts)
+        op = _reduce_op(opts.reduceOp)
+        works = [
+            self._comm.reduce_scatter_single(o, i, op, True, timeout=timeout)
+            for o, i in zip(outputs, inputs, strict=True)
+        ]
+        return self._wrap(works, list(outputs), timeout)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> _WorkWrapper:
+        opts = opts if opts is not None else c10d.AllToAllOptions()
+        timeout = self._timeout(opts)
+        if not output_split_sizes and not input_split_sizes:
+            work = self._comm.all_to_all_single(output, input, self._async(opts), timeout=timeout)
+        else:
+            out_sizes = list(output_split_sizes) or _even_splits(output, self.size())
+            in_sizes = list(input_split_sizes) or _even_splits(input, self.size())
+            work = self._comm.all_to_all_v_single(
+                output, input, out_sizes, in_sizes, self._async(opts), timeout=timeout
+            )
+        return self._wrap([work], [output], timeout)
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> _WorkWrapper:
+        opts = opts if opts is not None else c10d.AllToAllOptions()
+        timeout = self._timeout(opts)
+        work = self._comm.all_to_all(list(outputs), list(inputs), self._async(opts), timeout=timeout)
+        return self._wrap([work], list(outputs), timeout)
+
+    def barrier(self, opts: Any = None) -> _WorkWrapper:
+        opts = opts if opts is not None else c10d.BarrierOptions()
+        timeout = self._timeout(opts)
+        work = self._comm.barrier(self._async(opts), timeout=timeout)
+        return self._wrap([work], [], timeout)
+
+    def monitored_barrier(
+        self, timeout: timedelta | None = None, wait_all_ranks: bool = False
+    ) -> None:
+        """gloo's debugging barrier: rank 0 names the ranks that did not arrive in time."""
+        from torchcomms._monitored_barrier import monitored_barrier
+
+        monitored_barrier(self._comm, timeout or self._default_timeout, wait_all_ranks)
+
+    # -- point-to-point ------------------------------------------------------------------
+    def send(self, tensors: Any, dst: int, tag: int = 0) -> _WorkWrapper:
+        t = _single(tensors, "send")
+        if self._coalesced_batch is not None:
+            self._coalesced_batch.send(t, dst)
+            return self._wrap([], [t], None)
+        work = self._comm.send(t, dst, True, timeout=self._default_timeout)
+        return self._wrap([work], [t], self._default_timeout)
+
+    def recv(self, tensors: Any, src: int, tag: int = 0) -> _WorkWrapper:
+        t = _single(tensors, "recv")
+        if self._coalesced_batch is not None:
+            self._coalesced_batch.recv(t, src)
+            return self._wrap([], [t], None)
+        work = self._comm.recv(t, src, True, timeout=self._default_timeout)
+        return self._wrap([work], [t], self._default_timeout)
+
+    def recv_anysource(self, tensors: Any, tag: int = 0) -> _WorkWrapper:
+        raise RuntimeError(
+            "recv_anysource is not supported by torchcomms communicators (receive from a "
+            "named source rank instead)"
+        )
+
+    # -- coalescing ----------------------------------------------------------------------
+    def _start_coalescing(self, device: Any = None) -> None:
+        if self._coalescing is not None:
+            raise RuntimeError(
+                f"[torchcomms {self._group_name}] _start_coalescing: already coalescing"
+            )
+        self._coalescing = []
+        self._coalesced_batch = self._comm.batch_op_create()
+
+    def _end_coalescing(self, device: Any = None) -> _WorkWrapper:
+        if self._coalescing is None:
+            raise RuntimeError(
+                f"[torchcomms {self._group_name}] _end_coalescing without _start_coalescing"
+            )
+        batch, self._coalesced_batch = self._coalesced_batch, None
+        queued, self._coalescing = self._coalescing, None
+        works: list[TorchWork] = [w for q in queued for w in q._works]
+        if batch is not None and batch.ops:
+            works.append(batch.issue(True))
+        result = [t for q in queued for t in q._result]
+        return self._wrap(works, result, self._default_timeout)
+
+    # -- sub-groups and lifecycle ----------------------------------------------------------
+    def split_group(
+        self,
+        ranks: list[int],
+        timeout: timedelta | None = None,
+        opts: Any = None,
+        group_name: str | None = None,
+        group_desc: str | None = None,
+        device_types: Any = None,
+    ) -> _BackendWrapper | None:
+        """A child group over ``ranks`` (this group's ranks); every rank of this group calls it."""
+        name = group_name or f"{self._group_name}:split:{sorted(ranks)}"
+        hints = dict(getattr(opts, "hints", None) or {})
+        if self.rank() not in ranks:
+            self._comm.split([], name, hints=hints)
+            return None
+        child = self._comm.split(sorted(ranks), name, hints=hints, timeout=timeout)
+        assert child is not None
+        wrapper = _BackendWrapper(child)
+        wrapper._set_group_name(name)
+        if group_desc:
+            wrapper._set_group_desc(group_desc)
+        if timeout is not None:
+            wrapper._set_default_timeout(timeout)
+        return wrapper
+
+    def shutdown(self) -> None:
+        """``destroy_process_group``: finalize the comm; idempotent, errors logged, not raised."""
+        self._closed = True
+        comm = self._comm
+        if comm._finalized:
+            return
+        try:
+            comm.finalize()
+        except Exception:
+            logger.warning("torchcomms: finalize of %s failed", self._group_name, exc_info=True)
+
+    def abort(self) -> None:
+        """Abort the comm where the backend can; otherwise release it locally."""
+        try:
+            self._comm.abort()
+        except Exception:
+            logger.info("torchcomms: abort of %s fell back to finalize", self._group_name)
+            self.shutdown()
+
+    def __repr__(self) -> str:
+        return (
+            f"_BackendWrapper(group={self._group_name!r}, backend={self._comm.get_backend()!r}, "
+            f"rank={self.rank()}/{self.size()})"
+        )
+
+
+def _single_list(lists: Any, what: str) -> list[torch.Tensor]:
+    if len(lists) != 1:
+        raise RuntimeError(f"Only single tensor supported, but got {len(lists)} tensors")
+    return list(lists[0])
+
+
+def _even_splits(t: torch.Tensor, n: int) -> list[int]:
+    rows = t.shape[0] if t.dim() > 0 else 0
+    if rows % n:
+        raise RuntimeError(f"alltoall_base: {rows} rows cannot be split evenly across {n} ranks")
+    return [rows // n] * n
