@@ -5,6 +5,9 @@
 
 With ``--tp K`` the mesh is 2-D (``dp`` × ``tp``, K ranks per tensor-parallel group): fc1 is
 column-parallel and fc2 row-parallel over ``tp`` (DTensor), and FSDP shards over ``dp``.
+With ``--mesh-from-comms`` there is no init_process_group at all: the mesh is built from
+torchcomms communicators (a world comm split into the mesh's rows and columns) with
+``torchcomms.device_mesh.init_device_mesh``.
 ``--out PATH`` writes rank 0's losses and full final parameters (JSON).
 """
 
@@ -16,7 +19,7 @@ import torch
 import torch.distributed as dist
 from _training import LR, batch, build_model, write_result
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import (
@@ -26,22 +29,45 @@ from torch.distributed.tensor.parallel import (
 )
 
 
+def mesh_from_comms(tp: int) -> DeviceMesh:
+    """A (dp, tp) mesh, or a 1-D dp mesh when tp == 1, built from torchcomms communicators."""
+    from torchcomms import new_comm
+    from torchcomms.device_mesh import init_device_mesh as init_mesh_from_comms
+
+    world = new_comm("gloo", torch.device("cpu"), name="world")
+    rank, size = world.get_rank(), world.get_size()
+    if tp == 1:
+        return init_mesh_from_comms((world,), ("dp",))
+    rows = [list(range(r * tp, (r + 1) * tp)) for r in range(size // tp)]
+    cols = [list(range(c, size, tp)) for c in range(tp)]
+    # Every rank joins every split (as a member of exactly one group per dimension).
+    tp_comm = world.split(rows[rank // tp], f"tp{rank // tp}")
+    dp_comm = world.split(cols[rank % tp], f"dp{rank % tp}")
+    assert tp_comm is not None and dp_comm is not None
+    return init_mesh_from_comms((dp_comm, tp_comm), ("dp", "tp"), _global_comm=world)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (2-D mesh)")
+    parser.add_argument("--mesh-from-comms", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
-    dist.init_process_group("gloo")
-    world = dist.get_world_size()
     model = build_model()
+    if args.mesh_from_comms:
+        mesh = mesh_from_comms(args.tp)
+    else:
+        dist.init_process_group("gloo")
+        world = dist.get_world_size()
+        shape = (world // args.tp, args.tp) if args.tp > 1 else (world,)
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp")[: len(shape)])
     if args.tp > 1:
-        mesh = init_device_mesh("cpu", (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
         parallelize_module(model, mesh["tp"], {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
         dp_mesh = mesh["dp"]
     else:
-        dp_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+        dp_mesh = mesh
     fully_shard(model.fc1, mesh=dp_mesh)
     fully_shard(model.fc2, mesh=dp_mesh)
     fully_shard(model, mesh=dp_mesh)
