@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import logging
+import os
 import threading
 import time
 import weakref
@@ -76,6 +77,26 @@ _BOOL_OPS = {
 }
 
 _TIMEOUT_MARKERS = ("timed out", "timeout")
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    unique = sorted(set(ranks))
+    return f"peer rank{'s' if len(unique) > 1 else ''} {', '.join(map(str, unique))}"
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs on this host (a zombie, killed but not yet reaped, counts as dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 _PEER_MARKERS = (
     "connection closed by peer",
     "connection reset",
@@ -136,6 +157,7 @@ class TorchCommGloo(TorchCommBackend):
         self._size = -1
         self._pg: Any = None
         self._store: CommStore | None = None
+        self._peers: list[tuple[str, int]] = []  # (host identity, pid) per comm rank
         self._executor: OpExecutor | None = None
         self._poison: BaseException | None = None
         self._poison_lock = threading.Lock()
@@ -176,7 +198,8 @@ class TorchCommGloo(TorchCommBackend):
         self._store = store
         gloo_opts = c10d.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         gloo_opts._timeout = options.timeout
-        device_desc, gloo_device = self._gloo_device(store.store, options.hints)
+        self._peers = self._exchange_identities(store.store)
+        device_desc, gloo_device = self._gloo_device(options.hints)
         gloo_opts._devices = [gloo_device]
         self.transport = f"tcp ({device_desc})"
         self._pg = c10d.ProcessGroupGloo(
@@ -193,7 +216,27 @@ class TorchCommGloo(TorchCommBackend):
             extra={"comm": name, "rank": rank, "size": size, "transport": "tcp"},
         )
 
-    def _gloo_device(self, store: c10d.Store, hints: dict[str, str]) -> tuple[str, Any]:
+    def _exchange_identities(self, store: c10d.Store) -> list[tuple[str, int]]:
+        """Every member's (host identity, pid), in comm rank order, through the store."""
+        store.set(f"host/{self._rank}", f"{bootstrap.host_identity()}\n{os.getpid()}")
+        keys = [f"host/{r}" for r in range(self._size)]
+        store.wait(keys, self._timeout)
+        peers = []
+        for key in keys:
+            host, _, pid = store.get(key).decode().rpartition("\n")
+            peers.append((host, int(pid)))
+        return peers
+
+    def _dead_peers(self) -> list[int]:
+        """Members on this host whose process is gone (a dead remote shows as a closed socket)."""
+        me = self._peers[self._rank][0]
+        return [
+            r
+            for r, (host, pid) in enumerate(self._peers)
+            if r != self._rank and host == me and not _process_alive(pid)
+        ]
+
+    def _gloo_device(self, hints: dict[str, str]) -> tuple[str, Any]:
         """Loopback when every member is on this host, else the configured/default interface."""
         hostname = hints.get("hostname") or config.gloo_hostname()
         interface = hints.get("interface") or config.gloo_interface()
@@ -204,12 +247,8 @@ class TorchCommGloo(TorchCommBackend):
                     hostname=hostname or "", interface=interface or "", lazy_init=lazy
                 )
             )
-        me = bootstrap.host_identity()
-        store.set(f"host/{self._rank}", me)
-        keys = [f"host/{r}" for r in range(self._size)]
-        store.wait(keys, self._timeout)
-        hosts = {store.get(k).decode() for k in keys}
-        if hosts == {me}:
+        hosts = {host for host, _ in self._peers}
+        if hosts == {self._peers[self._rank][0]}:
             return "loopback: all ranks on this host", c10d.ProcessGroupGloo.create_device(
                 hostname="127.0.0.1", lazy_init=lazy
             )
@@ -349,17 +388,24 @@ class TorchCommGloo(TorchCommBackend):
         text = str(exc)
         lowered = text.lower()
         error: CommError
-        who = f"peer rank {', '.join(map(str, sorted(set(peers))))}" if peers else "a peer"
-        if any(m in lowered for m in _TIMEOUT_MARKERS):
-            waiting = f" waiting for {who}" if peers else ""
+        timed_out = any(m in lowered for m in _TIMEOUT_MARKERS)
+        if not timed_out and not any(m in lowered for m in _PEER_MARKERS):
+            return CommError(self._prefix(opts) + text.strip())
+        dead = self._dead_peers()
+        if dead:
+            # A dead local peer explains a broken connection or a timeout: say so, by rank.
+            error = PeerFailureError(
+                self._prefix(opts) + f"{_ranks_text(dead)} died (process gone) ({text.strip()})"
+            )
+        elif timed_out:
+            waiting = f" waiting for {_ranks_text(peers)}" if peers else ""
             error = CommTimeoutError(
                 self._prefix(opts)
                 + f"timed out after {opts.timeout.total_seconds():g} s{waiting} ({text.strip()})"
             )
-        elif any(m in lowered for m in _PEER_MARKERS):
-            error = PeerFailureError(self._prefix(opts) + f"{who} failed ({text.strip()})")
         else:
-            return CommError(self._prefix(opts) + text.strip())
+            who = _ranks_text(peers) if peers else "a peer"
+            error = PeerFailureError(self._prefix(opts) + f"{who} failed ({text.strip()})")
         with self._poison_lock:
             if self._poison is None:
                 self._poison = error
