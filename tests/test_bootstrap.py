@@ -546,3 +546,24 @@ def test_killed_peer_gives_typed_error_not_hang() -> None:
     assert "PeerFailureError" in survivor and "peer rank 1 died" in survivor, str(failure)
     assert "comm=victim" in survivor and "all_reduce" in survivor, survivor
     assert issubclass(PeerFailureError, torchcomms.CommError)
+
+
+# ----------------------------------------------------------------------------- FileStore bootstrap
+
+
+def _file_store_bootstrap(ctx: RankContext) -> list[float]:
+    """``TORCHCOMM_STORE_PATH`` bootstraps without MASTER_PORT; names may be reused after finalize."""
+    os.environ.pop("MASTER_PORT", None)  # prove the FileStore, not TCP, carried the bootstrap
+    sums = []
+    for _ in range(2):
+        comm = _gloo("via_file")
+        t = torch.full((4,), float(ctx.rank + 1))
+        comm.all_reduce(t, ReduceOp.SUM, False)
+        sums.append(t[0].item())
+        comm.finalize()
+    return sums
+
+
+def test_store_path_env_bootstraps_through_a_file_store(tmp_path: Path) -> None:
+    env = {"TORCHCOMM_STORE_PATH": str(tmp_path / "rendezvous")}
+    assert run_ranks(_file_store_bootstrap, 3, env=env, timeout=60) == [[6.0, 6.0]] * 3

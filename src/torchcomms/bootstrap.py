@@ -4,7 +4,8 @@ Stores are always c10d stores.  Without an explicit store, rank 0 binds
 ``MASTER_ADDR:MASTER_PORT`` (or, under torchrun's agent store, everyone connects
 to it as a client), then all ranks move to a private ``TCPStore`` on an
 OS-assigned port and the bootstrap store is dropped, so ``MASTER_PORT`` is free
-again for the next ``new_comm``.
+again for the next ``new_comm``.  With ``TORCHCOMM_STORE_PATH`` set (as upstream), the
+bootstrap store is a ``FileStore`` at that path instead (no port at all).
 """
 
 from __future__ import annotations
@@ -122,7 +123,13 @@ class CommStore:
 
 
 def _connect_bootstrap(rank: int, size: int, timeout: timedelta) -> c10d.Store:
-    """Connect to ``MASTER_ADDR:MASTER_PORT``; rank 0 serves it unless someone already does."""
+    """The FileStore at ``TORCHCOMM_STORE_PATH``, else ``MASTER_ADDR:MASTER_PORT`` (rank 0
+    serves it unless someone already does)."""
+    path = config.store_path()
+    if path:
+        store = c10d.FileStore(path, size)
+        store.set_timeout(timeout)
+        return store
     addr, port = config.master_addr_port()
     if not addr:
         raise RuntimeError("MASTER_ADDR env is not set (needed when new_comm gets no store)")

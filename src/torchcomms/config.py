@@ -93,6 +93,11 @@ def master_addr_port() -> tuple[str | None, int | None]:
     return env_str("MASTER_ADDR"), env_int("MASTER_PORT")
 
 
+def store_path() -> str | None:
+    """``TORCHCOMM_STORE_PATH``: bootstrap through a FileStore at this path instead of TCP."""
+    return env_str("TORCHCOMM_STORE_PATH")
+
+
 def torchelastic_agent_store() -> bool:
     """True under torchrun when its agent already serves a TCPStore on ``MASTER_PORT``."""
     raw = os.environ.get("TORCHELASTIC_USE_AGENT_STORE")
