@@ -3,7 +3,7 @@
     TORCH_DISTRIBUTED_USE_TORCHCOMMS=1 torchrun --nproc-per-node 2 examples/train_fsdp.py
     TORCH_DISTRIBUTED_USE_TORCHCOMMS=1 torchrun --nproc-per-node 4 examples/train_fsdp.py --tp 2
 
-With ``--tp K`` the mesh is 2-D (``dp`` × ``tp``, K ranks per tensor-parallel group): fc1 is
+With ``--tp K`` the mesh is 2-D (``dp`` x ``tp``, K ranks per tensor-parallel group): fc1 is
 column-parallel and fc2 row-parallel over ``tp`` (DTensor), and FSDP shards over ``dp``.
 With ``--mesh-from-comms`` there is no init_process_group at all: the mesh is built from
 torchcomms communicators (a world comm split into the mesh's rows and columns) with

@@ -169,14 +169,11 @@ def _explicit_store_cases(ctx: RankContext) -> None:
     assert not given.check(["dup_store"]), "persistent: a private store was created anyway"
 
     # The same name twice on one store fails on every rank (each rank checks its own claim,
-    # so nobody waits for a peer) - in both modes, and a finalized name stays taken.
+    # so nobody waits for a peer) - in both modes, while the first comm is live.
     for hints in (None, {"persistent_store": "true"}):
         for taken in ("bootstrap_only", "persistent"):
             with pytest.raises(RuntimeError, match="detected multiple communicators on same store"):
                 _gloo(taken, store=ctx.store, hints=hints)
-    bootstrap_only.finalize()
-    with pytest.raises(RuntimeError, match="detected multiple communicators on same store"):
-        _gloo("bootstrap_only", store=ctx.store)
 
     # The same name on two different stores is fine; both comms work side by side.
     file_store = FileStore(os.path.join(ctx.tmpdir, "second_store"), size)
@@ -186,8 +183,20 @@ def _explicit_store_cases(ctx: RankContext) -> None:
         _sum_check(twin_a, 2 * k + 1, "same name, store A")
         _sum_check(twin_b, 2 * k + 2, "same name, store B")
     _sum_check(persistent, 3, "persistent store after the failed duplicates")
-    for comm in (persistent, twin_a, twin_b):
+    for comm in (twin_a, twin_b):
         comm.finalize()
+
+    # Once finalized, the name can be created again (destroy + init_process_group on one
+    # store does this); the new generation's keys cannot be confused with the old ones.
+    for hints in (None, {"persistent_store": "true"}):
+        first = bootstrap_only if hints is None else persistent
+        first.finalize()
+        for generation in range(2):
+            again = _gloo(first.get_name(), store=ctx.store, hints=hints)
+            _sum_check(again, 3 + generation, f"re-created {first.get_name()}")
+            with pytest.raises(RuntimeError, match="detected multiple communicators on same store"):
+                _gloo(first.get_name(), store=ctx.store, hints=hints)
+            again.finalize()
 
 
 def test_explicit_store_persistent_and_bootstrap_only() -> None:

@@ -142,6 +142,8 @@ def _reduce_op(op: Any) -> ReduceOp:
     """The TorchComm ``ReduceOp`` for a c10d ``ReduceOp`` / ``RedOpType`` (incl. PREMUL_SUM)."""
     if isinstance(op, ReduceOp):
         return op
+    if isinstance(op, RedOpType):
+        return ReduceOp(op) if op is not RedOpType.PREMUL_SUM else ReduceOp.PREMUL_SUM(1.0)
     kind = op.op if isinstance(op, c10d.ReduceOp) else op  # type: ignore[attr-defined]
     name = getattr(kind, "name", None)
     if name is None:
@@ -295,20 +297,25 @@ class _BackendWrapper(c10d.ProcessGroup):
         return wrapped
 
     # -- collectives ---------------------------------------------------------------------
-    def broadcast(self, tensors: Any, opts: Any = None) -> _WorkWrapper:
-        opts = opts if opts is not None else c10d.BroadcastOptions()
+    # Each method also accepts the binding's convenience overloads, e.g.
+    # ``pg.broadcast(tensor, root, timeout)`` or ``pg.allreduce(tensor, op)`` (§7.1 uses them).
+    def broadcast(
+        self, tensors: Any, opts: Any = None, root: int | None = None, timeout: Any = None
+    ) -> _WorkWrapper:
+        if isinstance(opts, int):
+            opts, root = None, opts
+        opts = _options(c10d.BroadcastOptions, opts, timeout, rootRank=root)
         t = _single(tensors, "broadcast")
         timeout = self._timeout(opts)
         work = self._comm.broadcast(t, opts.rootRank, self._async(opts), timeout=timeout)
         return self._wrap([work], [t], timeout)
 
-    def allreduce(self, tensors: Any, opts: Any = None) -> _WorkWrapper:
-        if opts is None or isinstance(opts, (c10d.ReduceOp, RedOpType, ReduceOp)) or (
-            type(opts).__name__ == "RedOpType"
-        ):
-            op = opts if opts is not None else c10d.ReduceOp.SUM
-            opts = c10d.AllreduceOptions()
-            opts.reduceOp = op if isinstance(op, c10d.ReduceOp) else c10d.ReduceOp(op)
+    def allreduce(
+        self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None
+    ) -> _WorkWrapper:
+        if _is_reduce_op(opts):
+            opts, op = None, opts
+        opts = _options(c10d.AllreduceOptions, opts, timeout, reduceOp=_c10d_op(op))
         t = _single(tensors, "allreduce")
         timeout = self._timeout(opts)
         work = self._comm.all_reduce(
@@ -323,8 +330,17 @@ class _BackendWrapper(c10d.ProcessGroup):
         works = [self._comm.all_reduce(t, op, True, timeout=timeout) for t in tensors]
         return self._wrap(works, list(tensors), timeout)
 
-    def reduce(self, tensors: Any, opts: Any = None) -> _WorkWrapper:
-        opts = opts if opts is not None else c10d.ReduceOptions()
+    def reduce(
+        self,
+        tensors: Any,
+        opts: Any = None,
+        op: Any = None,
+        timeout: Any = None,
+        root: int | None = None,
+    ) -> _WorkWrapper:
+        if isinstance(opts, int):
+            opts, root = None, opts
+        opts = _options(c10d.ReduceOptions, opts, timeout, rootRank=root, reduceOp=_c10d_op(op))
         t = _single(tensors, "reduce")
         timeout = self._timeout(opts)
         work = self._comm.reduce(
@@ -333,9 +349,11 @@ class _BackendWrapper(c10d.ProcessGroup):
         return self._wrap([work], [t], timeout)
 
     def allgather(
-        self, output_lists: list[list[torch.Tensor]], inputs: Any, opts: Any = None
+        self, output_lists: Any, inputs: Any, opts: Any = None, timeout: Any = None
     ) -> _WorkWrapper:
-        opts = opts if opts is not None else c10d.AllgatherOptions()
+        if isinstance(inputs, torch.Tensor):  # allgather(outputs: list, input: tensor)
+            output_lists, inputs = [output_lists], [inputs]
+        opts = _options(c10d.AllgatherOptions, opts, timeout)
         t = _single(inputs, "allgather")
         outputs = _single_list(output_lists, "allgather")
         timeout = self._timeout(opts)
@@ -396,9 +414,13 @@ class _BackendWrapper(c10d.ProcessGroup):
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def gather(
-        self, output_lists: list[list[torch.Tensor]], inputs: Any, opts: Any = None
+        self, output_lists: Any, inputs: Any, opts: Any = None, timeout: Any = None
     ) -> _WorkWrapper:
-        opts = opts if opts is not None else c10d.GatherOptions()
+        if isinstance(inputs, torch.Tensor):  # gather(outputs: list, input: tensor, root)
+            output_lists, inputs = [output_lists], [inputs]
+        if isinstance(opts, int):
+            opts = _options(c10d.GatherOptions, None, timeout, rootRank=opts)
+        opts = _options(c10d.GatherOptions, opts, timeout)
         t = _single(inputs, "gather")
         root = opts.rootRank
         outputs = _single_list(output_lists, "gather") if self.rank() == root else []
@@ -407,9 +429,13 @@ class _BackendWrapper(c10d.ProcessGroup):
         return self._wrap([work], outputs, timeout)
 
     def scatter(
-        self, outputs: Any, input_lists: list[list[torch.Tensor]], opts: Any = None
+        self, outputs: Any, input_lists: Any, opts: Any = None, timeout: Any = None
     ) -> _WorkWrapper:
-        opts = opts if opts is not None else c10d.ScatterOptions()
+        if isinstance(outputs, torch.Tensor):  # scatter(output: tensor, inputs: list, root)
+            outputs, input_lists = [outputs], [input_lists]
+        if isinstance(opts, int):
+            opts = _options(c10d.ScatterOptions, None, timeout, rootRank=opts)
+        opts = _options(c10d.ScatterOptions, opts, timeout)
         t = _single(outputs, "scatter")
         root = opts.rootRank
         inputs = _single_list(input_lists, "scatter") if self.rank() == root else []
@@ -418,9 +444,13 @@ class _BackendWrapper(c10d.ProcessGroup):
         return self._wrap([work], [t], timeout)
 
     def reduce_scatter(
-        self, outputs: Any, input_lists: list[list[torch.Tensor]], opts: Any = None
+        self, outputs: Any, input_lists: Any, opts: Any = None, op: Any = None, timeout: Any = None
     ) -> _WorkWrapper:
-        opts = opts if opts is not None else c10d.ReduceScatterOptions()
+        if isinstance(outputs, torch.Tensor):  # reduce_scatter(output: tensor, inputs: list, op)
+            outputs, input_lists = [outputs], [input_lists]
+        if _is_reduce_op(opts):
+            opts, op = None, opts
+        opts = _options(c10d.ReduceScatterOptions, opts, timeout, reduceOp=_c10d_op(op))
         t = _single(outputs, "reduce_scatter")
         inputs = _single_list(input_lists, "reduce_scatter")
         timeout = self._timeout(opts)
@@ -465,8 +495,9 @@ class _BackendWrapper(c10d.ProcessGroup):
         output_split_sizes: list[int],
         input_split_sizes: list[int],
         opts: Any = None,
+        timeout: Any = None,
     ) -> _WorkWrapper:
-        opts = opts if opts is not None else c10d.AllToAllOptions()
+        opts = _options(c10d.AllToAllOptions, opts, timeout)
         timeout = self._timeout(opts)
         if not output_split_sizes and not input_split_sizes:
             work = self._comm.all_to_all_single(output, input, self._async(opts), timeout=timeout)
@@ -488,8 +519,8 @@ class _BackendWrapper(c10d.ProcessGroup):
         work = self._comm.all_to_all(list(outputs), list(inputs), self._async(opts), timeout=timeout)
         return self._wrap([work], list(outputs), timeout)
 
-    def barrier(self, opts: Any = None) -> _WorkWrapper:
-        opts = opts if opts is not None else c10d.BarrierOptions()
+    def barrier(self, opts: Any = None, timeout: Any = None) -> _WorkWrapper:
+        opts = _options(c10d.BarrierOptions, opts, timeout)
         timeout = self._timeout(opts)
         work = self._comm.barrier(self._async(opts), timeout=timeout)
         return self._wrap([work], [], timeout)
@@ -508,7 +539,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         if self._coalesced_batch is not None:
             self._coalesced_batch.send(t, dst)
             return self._wrap([], [t], None)
-        work = self._comm.send(t, dst, True, timeout=self._default_timeout)
+        work = self._comm.send(t, dst, True, hints=_tag(tag), timeout=self._default_timeout)
         return self._wrap([work], [t], self._default_timeout)
 
     def recv(self, tensors: Any, src: int, tag: int = 0) -> _WorkWrapper:
@@ -516,7 +547,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         if self._coalesced_batch is not None:
             self._coalesced_batch.recv(t, src)
             return self._wrap([], [t], None)
-        work = self._comm.recv(t, src, True, timeout=self._default_timeout)
+        work = self._comm.recv(t, src, True, hints=_tag(tag), timeout=self._default_timeout)
         return self._wrap([work], [t], self._default_timeout)
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> _WorkWrapper:
@@ -597,6 +628,44 @@ class _BackendWrapper(c10d.ProcessGroup):
             f"_BackendWrapper(group={self._group_name!r}, backend={self._comm.get_backend()!r}, "
             f"rank={self.rank()}/{self.size()})"
         )
+
+
+def _is_reduce_op(value: Any) -> bool:
+    return isinstance(value, (c10d.ReduceOp, ReduceOp)) or type(value).__name__ == "RedOpType"
+
+
+def _c10d_op(op: Any) -> Any:
+    """``op`` (c10d's or ours) as a c10d ``ReduceOp``; None stays None (the default, SUM)."""
+    if op is None or isinstance(op, c10d.ReduceOp):
+        return op
+    ours = _reduce_op(op)
+    if ours.type is RedOpType.PREMUL_SUM:
+        return c10d._make_nccl_premul_sum(ours.factor_value())
+    return c10d.ReduceOp(getattr(c10d.ReduceOp.RedOpType, ours.type.name))
+
+
+def _options(cls: Any, opts: Any, timeout: Any, **fields: Any) -> Any:
+    """c10d options from either an options object or the binding's loose arguments.
+
+    A ``timedelta`` in the ``opts`` position is the positional ``timeout`` of the
+    convenience overloads; ``fields`` set to ``None`` keep the options' defaults.
+    """
+    if isinstance(opts, timedelta):
+        opts, timeout = None, opts
+    if opts is None:
+        opts = cls()
+    elif not isinstance(opts, cls):
+        raise TypeError(f"expected {cls.__name__}, got {type(opts).__name__}")
+    if isinstance(timeout, timedelta):
+        opts.timeout = timeout
+    for name, value in fields.items():
+        if value is not None:
+            setattr(opts, name, value)
+    return opts
+
+
+def _tag(tag: int) -> dict[str, str]:
+    return {"tag": str(int(tag))}
 
 
 def _single_list(lists: Any, what: str) -> list[torch.Tensor]:

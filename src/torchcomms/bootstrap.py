@@ -117,9 +117,18 @@ class CommStore:
 
     store: c10d.Store  # on rank 0 this TCPStore is also the server the other ranks use
     parent: CommStore | None = None  # a split child keeps its parent's store alive
+    # (store, key) set on close, so the name can be claimed again (see ``_claim_name``)
+    release: tuple[c10d.Store, str] | None = None
 
     def close(self) -> None:
         self.parent = None
+        release, self.release = self.release, None
+        if release is not None:
+            store, key = release
+            try:
+                store.set(key, "1")
+            except Exception as exc:  # the store's server may already be gone at shutdown
+                logger.debug("could not release communicator name (%s)", exc)
 
 
 def _connect_bootstrap(rank: int, size: int, timeout: timedelta) -> c10d.Store:
@@ -145,13 +154,22 @@ def _connect_bootstrap(rank: int, size: int, timeout: timedelta) -> c10d.Store:
         return c10d.TCPStore(addr, port, None, False, timeout)
 
 
-def _claim_name(store: c10d.Store, rank: int) -> None:
-    """Reject a second communicator with the same name on the same store, on every rank."""
-    if store.add(f"init_count/{rank}", 1) != 1:
+def _claim_name(store: c10d.Store, rank: int) -> int:
+    """Claim this comm name on ``store`` for ``rank``: returns its generation (1, 2, ...).
+
+    A name is live from creation until ``finalize`` releases it; claiming a live name is
+    refused on every rank (upstream's error). Re-creating a finalized name (as
+    ``destroy_process_group`` + ``init_process_group`` on one store does) gets the next
+    generation, whose keys live under their own prefix so no stale key is ever read.
+    """
+    generation = store.add(f"init_count/{rank}", 1)
+    if generation > 1 and not store.check([f"released/{generation - 1}/{rank}"]):
+        store.add(f"init_count/{rank}", -1)
         raise RuntimeError(
             "detected multiple communicators on same store! Communicator names must be unique "
-            "per store (finalize does not free a name on a persistent store)"
+            "per store among live communicators (finalize the first one to reuse its name)"
         )
+    return generation
 
 
 def _dup_store(
@@ -186,10 +204,14 @@ def create_comm_store(
     """Build the store of a new communicator (see the module docstring for the protocol)."""
     if store is not None:
         prefixed = c10d.PrefixStore(name, store)
-        _claim_name(prefixed, rank)
+        generation = _claim_name(prefixed, rank)
+        scoped = prefixed if generation == 1 else c10d.PrefixStore(f"gen{generation}", prefixed)
+        release = (prefixed, f"released/{generation}/{rank}")
         if persistent:
-            return CommStore(store=prefixed)
-        return _dup_store(prefixed, rank, size, timeout, "dup_store")
+            return CommStore(store=scoped, release=release)
+        comm_store = _dup_store(scoped, rank, size, timeout, "dup_store")
+        comm_store.release = release
+        return comm_store
     bootstrap = _connect_bootstrap(rank, size, timeout)
     prefixed = c10d.PrefixStore(f"torchcomms/{name}", bootstrap)
     # A launcher's store outlives our comms: number each creation of this name per rank.

@@ -32,7 +32,13 @@ import torch._C._distributed_c10d as c10d
 from torchcomms import bootstrap, config
 from torchcomms.backends.base import TorchCommBackend
 from torchcomms.bootstrap import CommStore
-from torchcomms.errors import CommError, CommStateError, CommTimeoutError, PeerFailureError
+from torchcomms.errors import (
+    CommError,
+    CommStateError,
+    CommTimeoutError,
+    CommValidationError,
+    PeerFailureError,
+)
 from torchcomms.executor import Completion, OpExecutor
 from torchcomms.types import CommOptions, OpOptions, P2POp, P2POpType, RedOpType, ReduceOp
 from torchcomms.work import AsyncWork, CompletedWork, TorchWork
@@ -77,6 +83,23 @@ _BOOL_OPS = {
 }
 
 _TIMEOUT_MARKERS = ("timed out", "timeout")
+
+
+# gloo tags are 32-bit: sequence numbers and user tags wrap within 2**30 (even / odd halves).
+_TAG_SPAN = 2**30
+
+
+def _tag_hint(hints: dict[str, str]) -> int | None:
+    raw = hints.get("tag")
+    if raw is None:
+        return None
+    try:
+        tag = int(raw)
+    except ValueError:
+        raise CommValidationError(f"send/recv hint 'tag' must be an integer, got {raw!r}") from None
+    if tag < 0:
+        raise CommValidationError(f"send/recv hint 'tag' must be >= 0, got {tag}")
+    return tag
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:
@@ -780,19 +803,24 @@ class TorchCommGloo(TorchCommBackend):
         return self._run(options, async_op, body)
 
     # -- point-to-point ------------------------------------------------------------------------
-    def _post(self, op: P2POp, deadline: _Deadline) -> Completion:
-        """Post one send/recv to gloo without blocking; the completion waits for it."""
+    def _post(self, op: P2POp, deadline: _Deadline, user_tag: int | None = None) -> Completion:
+        """Post one send/recv to gloo without blocking; the completion waits for it.
+
+        Untagged messages between two ranks match in issue order (even gloo tags, from a
+        per-peer sequence number); a ``tag`` hint (the c10d bridge's tags) selects an odd
+        gloo tag of its own, so differently tagged messages match by tag, as in c10d.
+        """
         pg = self._pg_checked()
         tensor = op.tensor
         staged = tensor if tensor.device.type == "cpu" else tensor.detach().to("cpu")
-        if op.type is P2POpType.SEND:
-            tag = self._send_seq[op.peer]
-            self._send_seq[op.peer] += 1
-            work = pg.send([staged], op.peer, tag)
+        sending = op.type is P2POpType.SEND
+        if user_tag is not None:
+            tag = 2 * (user_tag % _TAG_SPAN) + 1
         else:
-            tag = self._recv_seq[op.peer]
-            self._recv_seq[op.peer] += 1
-            work = pg.recv([staged], op.peer, tag)
+            seqs = self._send_seq if sending else self._recv_seq
+            tag = 2 * (seqs[op.peer] % _TAG_SPAN)
+            seqs[op.peer] += 1
+        work = pg.send([staged], op.peer, tag) if sending else pg.recv([staged], op.peer, tag)
 
         def complete() -> None:
             work.wait(deadline.remaining())
@@ -802,11 +830,13 @@ class TorchCommGloo(TorchCommBackend):
         return complete
 
     def _p2p(self, ops: list[P2POp], async_op: bool, options: OpOptions) -> TorchWork:
+        user_tag = _tag_hint(options.hints)
+
         def body(deadline: _Deadline) -> Completion | None:
             live = [op for op in ops if op.tensor.numel() > 0]
             if not live:
                 return None
-            completions = [self._post(op, deadline) for op in live]
+            completions = [self._post(op, deadline, user_tag) for op in live]
 
             def complete_all() -> None:
                 for complete in completions:
