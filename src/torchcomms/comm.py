@@ -258,7 +258,7 @@ class TorchComm:
             assert method is not None
             return _wrap_plugin_result(method(*args))
 
-        work = self._observed(name, op_id, pre_args, resolved, call)
+        work = self._observed(name, op_id, pre_args, resolved, call, args)
         self._run_post_hooks(op_id, hook_args.CollectivePostHookArgs(work))
         return work
 
@@ -269,15 +269,16 @@ class TorchComm:
         pre_args: Any,
         timeout: timedelta,
         call: Callable[[], TorchWork],
+        call_args: tuple[Any, ...] = (),
     ) -> TorchWork:
         """``call()`` the backend, telling the internal observers (``oprecord``) about it."""
         observers = self._observers
         if not observers:
             return call()
-        record = OpRecord(self, name, op_id, pre_args, timeout, observers)
-        record._scheduled()
-        record._running_inline()
+        record = OpRecord(self, name, op_id, pre_args, timeout, observers, call_args)
         try:
+            # An observer may stop the op (the collective check); it still finishes, failed.
+            record._scheduled()
             work = call()
         except BaseException as exc:
             record._failed(exc)
@@ -803,6 +804,10 @@ class TorchComm:
         child_impl = self._impl.split(members, name, child_options)
         child = TorchComm(self._backend, child_impl, self._device, child_options)
         child._observers = self._observers
+        for observer in self._observers:
+            on_split = getattr(observer, "comm_split", None)
+            if on_split is not None:  # e.g. the flight recorder records the split
+                on_split(self, child, members, op_id)
         self._run_post_hooks(op_id, hook_args.SplitPostHookArgs(child))
         return child
 

@@ -108,3 +108,48 @@ def object_serialization() -> str:
     """``TORCHCOMMS_SERIALIZATION``: ``pickle`` or (default) ``torch`` (torch.save/torch.load)."""
     raw = (os.environ.get("TORCHCOMMS_SERIALIZATION") or "torch").strip().lower()
     return "pickle" if raw == "pickle" else "torch"
+
+
+# -- observability (flight recorder, event log, collective check) -------------------------------
+FR_DEFAULT_BUFFER_SIZE = 2000
+FR_DEFAULT_DUMP_PREFIX = "/tmp/torchcomm_fr/rank_"
+
+
+def fr_buffer_size() -> int:
+    """``TORCHCOMM_FR_BUFFER_SIZE``: entries of the always-on flight recorder (0 turns it off)."""
+    value = env_int("TORCHCOMM_FR_BUFFER_SIZE")
+    return FR_DEFAULT_BUFFER_SIZE if value is None else max(value, 0)
+
+
+def fr_dump_prefix() -> str:
+    """``TORCHCOMM_FR_DUMP_TEMP_FILE``: flight-recorder dumps go to ``<prefix><rank>``.
+
+    Read at every write, so ``TORCHCOMM_FR_DUMP_DYNAMIC_FILE_NAME`` (upstream's switch for
+    that) is always in effect.
+    """
+    return env_str("TORCHCOMM_FR_DUMP_TEMP_FILE") or FR_DEFAULT_DUMP_PREFIX
+
+
+def fr_dump_on_signal() -> bool:
+    """``TORCHCOMM_FR_DUMP_ON_SIGUSR1``: install a SIGUSR1 handler that dumps the recorder."""
+    return env_bool("TORCHCOMM_FR_DUMP_ON_SIGUSR1", False)
+
+
+def fr_auto_dump() -> bool:
+    """``TORCHCOMM_FR_DUMP_ON_ERROR``: dump on timeout / peer failure / abort (default on)."""
+    return env_bool("TORCHCOMM_FR_DUMP_ON_ERROR", True)
+
+
+def fr_stack() -> bool:
+    """``TORCHCOMM_FR_STACK``: record the issuing Python stack in each entry's ``frames``."""
+    return env_bool("TORCHCOMM_FR_STACK", False)
+
+
+def log_json_path() -> str | None:
+    """``TORCHCOMM_LOG_JSON``: append one JSON line per finished op to this file."""
+    return env_str("TORCHCOMM_LOG_JSON")
+
+
+def check_collectives() -> bool:
+    """``TORCHCOMM_CHECK_COLLECTIVES``: compare every collective's fingerprint across ranks."""
+    return env_bool("TORCHCOMM_CHECK_COLLECTIVES", False)

@@ -12,6 +12,8 @@ attach to a communicator with ``TorchComm._add_observer`` and implement
   on whichever thread finished it: the issuing thread for sync ops and failures at issue,
   the comm's executor thread for async ops, the waiting thread for ops that finish in
   ``wait()`` (posted receives).  It must be quick and must not raise.
+* optionally ``comm_split(parent, child, members, op_id)``: the parent's ``split`` created
+  ``child`` (which inherits the parent's observers) over parent ranks ``members``.
 
 ``state`` follows PyTorch's flight-recorder vocabulary: ``scheduled`` (queued behind
 earlier ops), ``started`` (running), ``completed`` (finished, with or without error).
@@ -26,7 +28,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from torchcomms.types import OpName
-from torchcomms.work import TorchWork, WorkStatus
+from torchcomms.work import CompletedWork, TorchWork, WorkStatus
 
 if TYPE_CHECKING:
     from torchcomms.comm import TorchComm
@@ -49,6 +51,7 @@ class OpRecord:
     __slots__ = (
         "args",
         "async_op",
+        "call_args",
         "comm",
         "error",
         "name",
@@ -69,11 +72,15 @@ class OpRecord:
         args: Any,
         timeout: timedelta,
         observers: tuple[OpObserver, ...],
+        call_args: tuple[Any, ...] = (),
     ) -> None:
         self.comm = comm
         self.name = name
         self.op_id = op_id
         self.args: Any = args
+        # The backend's positional arguments (e.g. the ReduceOp), like ``args`` only
+        # during ``op_scheduled``.
+        self.call_args: tuple[Any, ...] = call_args
         self.async_op = bool(getattr(args, "async_op", False))
         self.timeout = timeout
         self.observers = observers
@@ -106,18 +113,20 @@ class OpRecord:
 
     # -- driven by TorchComm ---------------------------------------------------------------
     def _scheduled(self) -> None:
+        """Tell the observers; a sync op then starts running on this thread."""
         try:
             for observer in self.observers:
                 observer.op_scheduled(self)
         finally:
             self.args = None
-
-    def _running_inline(self) -> None:
-        """A sync op: the backend runs it on this thread now (after earlier async ops)."""
+            self.call_args = ()
         if not self.async_op:
             self.time_started_ns = time.time_ns()
 
     def _issued(self, work: TorchWork) -> None:
+        if type(work) is CompletedWork:  # the common sync case: done, nothing to wait for
+            self._finish()
+            return
         self.work = work
         work._add_done_callback(self._work_done)
 
@@ -139,3 +148,6 @@ class OpRecord:
                 observer.op_finished(self)
             except Exception:
                 logger.exception("torchcomms: an op observer raised in op_finished")
+        # A recorder keeps finished records for a while: they must not keep a dropped
+        # communicator (and its sockets and threads) alive.
+        self.comm = None  # type: ignore[assignment]

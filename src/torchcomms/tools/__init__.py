@@ -1,0 +1,1 @@
+"""Command-line tools: ``python -m torchcomms.tools.fr DIR`` (flight-recorder report)."""
