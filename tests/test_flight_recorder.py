@@ -488,3 +488,49 @@ def test_python_stack_frames_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
         "line": frames[0]["line"],
     }, frames[:2]
     comm.finalize()
+
+
+SIGNAL_AUTO_SCRIPT = r"""
+import faulthandler, os, signal, sys, time
+import torch
+if sys.argv[1] == "faulthandler":
+    faulthandler.register(signal.SIGUSR1, file=open(os.devnull, "w"))
+from torchcomms import ReduceOp, new_comm
+comm = new_comm("gloo", torch.device("cpu"), name="sig")
+comm.all_reduce(torch.ones(4), ReduceOp.SUM, False)
+sent = time.time()
+os.kill(os.getpid(), signal.SIGUSR1)
+path = os.environ["TORCHCOMM_FR_DUMP_TEMP_FILE"] + "0"
+while not os.path.exists(path) and time.time() < sent + 3:
+    time.sleep(0.01)
+print("dumped" if os.path.exists(path) else "not dumped", time.time() - sent)
+comm.finalize()
+"""
+
+
+@pytest.mark.parametrize(("setup", "expected"), [("plain", "dumped"), ("faulthandler", "not dumped")])
+def test_sigusr1_dump_is_on_by_default_unless_the_signal_is_taken(
+    tmp_path: Path, setup: str, expected: str
+) -> None:
+    """Unset TORCHCOMM_FR_DUMP_ON_SIGUSR1 means auto: take SIGUSR1 only if nothing handles it."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCHCOMM_FR_DUMP_ON_SIGUSR1"}
+    env.update(
+        TORCHCOMM_RANK="0",
+        TORCHCOMM_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="0",
+        TORCHCOMM_FR_DUMP_TEMP_FILE=str(tmp_path / "rank_"),
+        PYTHONPATH=os.pathsep.join([harness.SRC_DIR, env.get("PYTHONPATH", "")]),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGNAL_AUTO_SCRIPT, setup],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=harness.timeout_scale() * 60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    *verdict, lag = proc.stdout.split()
+    assert " ".join(verdict) == expected, proc.stdout
+    if expected == "dumped":
+        assert float(lag) < 1.0, proc.stdout  # "within 1 s"

@@ -130,9 +130,16 @@ def fr_dump_prefix() -> str:
     return env_str("TORCHCOMM_FR_DUMP_TEMP_FILE") or FR_DEFAULT_DUMP_PREFIX
 
 
-def fr_dump_on_signal() -> bool:
-    """``TORCHCOMM_FR_DUMP_ON_SIGUSR1``: install a SIGUSR1 handler that dumps the recorder."""
-    return env_bool("TORCHCOMM_FR_DUMP_ON_SIGUSR1", False)
+def fr_dump_on_signal() -> bool | None:
+    """``TORCHCOMM_FR_DUMP_ON_SIGUSR1``: dump the recorder on SIGUSR1.
+
+    True/False force it on/off; unset (or ``auto``) means "on unless SIGUSR1 already has a
+    handler" (``None`` here; the recorder decides).
+    """
+    raw = os.environ.get("TORCHCOMM_FR_DUMP_ON_SIGUSR1")
+    if raw is None or raw.strip().lower() in ("", "auto"):
+        return None
+    return parse_bool("TORCHCOMM_FR_DUMP_ON_SIGUSR1", raw)
 
 
 def fr_auto_dump() -> bool:

@@ -14,9 +14,10 @@ Dumps: ``dump_json()`` returns JSON; ``dump_file(rank)`` writes a pickle to
 Always on: ``import torchcomms`` installs a process-wide recorder (``TORCHCOMM_FR_BUFFER_SIZE``
 entries, default 2000; ``0`` turns it off for communicators created while it is 0).  On a
 timeout, peer failure or abort it dumps to ``<prefix><global rank>`` and appends
-``[flight recorder dump: PATH]`` to the error's message.  ``TORCHCOMM_FR_DUMP_ON_SIGUSR1=1``
-also dumps on ``SIGUSR1`` (opt-in, because it replaces any other SIGUSR1 handler, e.g.
-``faulthandler.register(SIGUSR1)``; a Python-level previous handler is still called).
+``[flight recorder dump: PATH]`` to the error's message.  ``SIGUSR1`` also dumps, when
+nothing else handles that signal (``faulthandler.register(SIGUSR1)`` or a native handler
+is left alone; ``TORCHCOMM_FR_DUMP_ON_SIGUSR1=1`` takes the signal anyway, still calling a
+Python-level previous handler, ``=0`` never takes it).
 
 Cost: one tuple per op, appended to a ``deque`` (about 0.8 us/op on top of the ~1 us shared
 ``OpRecord``); no stack capture unless ``TORCHCOMM_FR_STACK=1``.  Entries keep the op's
@@ -515,17 +516,42 @@ def _signal_dump() -> None:
         logger.exception("torchcomms: flight recorder SIGUSR1 dump failed")
 
 
+def _handler_is_default(signum: int) -> bool:
+    """Whether the OS-level disposition of ``signum`` is SIG_DFL (no handler of any kind).
+
+    ``signal.getsignal`` cannot see handlers installed outside Python's ``signal`` module
+    (``faulthandler.register``, native libraries), so ask the kernel through ``sigaction``.
+    Anything unexpected counts as "not default".
+    """
+    if signal.getsignal(signum) not in (signal.SIG_DFL, None):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        old = ctypes.create_string_buffer(512)  # larger than any platform's struct sigaction
+        if libc.sigaction(signum, None, old) != 0:
+            return False
+        # The first member of struct sigaction is the handler; SIG_DFL is 0.
+        return not ctypes.c_void_p.from_buffer(old).value
+    except Exception:
+        return False
+
+
 def install_signal_handler() -> bool:
-    """With ``TORCHCOMM_FR_DUMP_ON_SIGUSR1=1``: dump the process-wide recorder on SIGUSR1.
+    """Dump the process-wide recorder on SIGUSR1 (see ``config.fr_dump_on_signal``).
 
     The dump is written by a watcher thread woken through ``signal.set_wakeup_fd``, so it
     happens within milliseconds even while the main thread is blocked inside a collective.
     """
     global _signal_installed
-    if _signal_installed or not config.fr_dump_on_signal():
+    wanted = config.fr_dump_on_signal()
+    if _signal_installed or wanted is False:
         return False
     if threading.current_thread() is not threading.main_thread():
         return False
+    if wanted is None and not _handler_is_default(signal.SIGUSR1):
+        return False  # auto: leave an existing handler (e.g. faulthandler's) alone
     previous = signal.getsignal(signal.SIGUSR1)
     r, w = os.pipe()
     os.set_blocking(w, False)
