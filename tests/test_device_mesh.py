@@ -97,6 +97,12 @@ def _mesh_1d(ctx: RankContext) -> str:
         out = torch.empty(ctx.world_size)
         dist.all_gather_into_tensor(out, torch.tensor([float(ctx.rank)]), group=group)
         assert out.tolist() == [float(r) for r in range(ctx.world_size)]
+        # The group's store is shared by its ranks (not a process-local HashStore).
+        shared = group.get_group_store()
+        if ctx.rank == 0:
+            shared.set("hello", "from rank 0")
+        shared.wait(["hello"])
+        assert shared.get("hello") == b"from rank 0"
         return str(group.group_name)
     finally:
         if dist.is_initialized():

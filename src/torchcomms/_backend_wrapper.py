@@ -190,7 +190,6 @@ class _BackendWrapper(c10d.ProcessGroup):
         self._coalescing: list[Any] | None = None
         self._coalesced_batch: BatchSendRecv | None = None
         self._seq = 0
-        self._closed = False
         self._options = _BackendWrapperOptions(comm)
         self._options.group_name = self._group_name
         self._store: c10d.Store | None = None
@@ -249,8 +248,15 @@ class _BackendWrapper(c10d.ProcessGroup):
         return self
 
     def get_group_store(self) -> c10d.Store:
+        """A store shared by the group's ranks: a prefix of the comm's own where it has one."""
         if self._store is None:
-            self._store = c10d.HashStore()
+            comm_store = getattr(self._comm.get_backend_impl(), "_store", None)
+            shared = getattr(comm_store, "store", None)
+            self._store = (
+                c10d.PrefixStore("c10d_group/", shared)
+                if isinstance(shared, c10d.Store)
+                else c10d.HashStore()
+            )
         return self._store
 
     def _get_sequence_number_for_group(self) -> int:
@@ -606,7 +612,6 @@ class _BackendWrapper(c10d.ProcessGroup):
 
     def shutdown(self) -> None:
         """``destroy_process_group``: finalize the comm; idempotent, errors logged, not raised."""
-        self._closed = True
         comm = self._comm
         if comm._finalized:
             return
