@@ -1285,3 +1285,30 @@ def test_monitored_barrier_failure_names_missing_ranks() -> None:
         f"[Rank 1]: Rank 0 did not release monitoredBarrier within {ms} ms"
     ), results[1]
     assert "fast" not in results[2] and "all" not in results[1] and "all" not in results[2]
+
+
+def test_unsupported_process_group_calls_raise_clear_errors() -> None:
+    """ProcessGroup methods with no torchcomms meaning raise RuntimeError (never crash)."""
+    from datetime import timedelta as td
+
+    from torchcomms import new_comm
+    from torchcomms._comms import _BackendWrapper
+
+    comm = new_comm("fake", torch.device("cpu"), name="unsupported")
+    pg = _BackendWrapper(comm)
+    with pytest.raises(RuntimeError, match="merge_remote_group is not supported"):
+        pg.merge_remote_group(None, 1, td(seconds=1))
+    with pytest.raises(RuntimeError, match="_register_on_completion_hook is not supported"):
+        pg._register_on_completion_hook(lambda work_info: None)
+    with pytest.raises(RuntimeError, match="symmetric-memory rendezvous is not supported"):
+        pg.use_pg_for_symm_mem_rendezvous()
+    with pytest.raises(RuntimeError, match="no memory allocator"):
+        pg.get_mem_allocator()
+    with pytest.raises(RuntimeError, match="recv_anysource is not supported"):
+        pg.recv_anysource([torch.ones(1)], 0)
+    pg._wait_for_pending_works()  # nothing pending: returns
+    pg.set_timeout(td(seconds=7))
+    assert pg.options._timeout == td(seconds=7)
+    pg.shutdown()
+    pg.shutdown()  # idempotent
+    assert comm._finalized

@@ -271,6 +271,26 @@ class _BackendWrapper(c10d.ProcessGroup):
     def _has_hooks(self) -> bool:
         return False
 
+    def _wait_for_pending_works(self) -> None:
+        """No completion hooks run on other threads here, so nothing is pending."""
+
+    def _register_on_completion_hook(self, hook: Any) -> None:
+        raise RuntimeError(
+            "_register_on_completion_hook is not supported by torchcomms process groups "
+            "(register a post-hook on pg.get_comm() instead)"
+        )
+
+    def merge_remote_group(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("merge_remote_group is not supported by torchcomms process groups")
+
+    def use_pg_for_symm_mem_rendezvous(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            "symmetric-memory rendezvous is not supported by torchcomms process groups"
+        )
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._set_default_timeout(timeout)
+
     # -- timeouts ------------------------------------------------------------------------
     def _set_default_timeout(self, timeout: timedelta) -> None:
         self._default_timeout = timeout
