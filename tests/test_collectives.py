@@ -721,3 +721,22 @@ def test_large_messages(world_size: int) -> None:
     """1 MiB messages through all_reduce, reduce_scatter_single, all_gather_single, a2a, bcast."""
     results = run_ranks(matrix_rank, world_size, "large", timeout=120.0)
     _assert_summaries(results, world_size, "large")
+
+
+def _all_to_all_in_place(ctx: RankContext) -> None:
+    """The output may be the input itself (or overlap it): the result is still exact."""
+    comm = new_comm("gloo", torch.device("cpu"), name="a2a_alias", store=ctx.store)
+    n, r = comm.get_size(), comm.get_rank()
+    # Rank r sends value 10*r + j to rank j, so rank r receives 10*j + r from rank j.
+    expected = torch.tensor([10 * j + r for j in range(n)], dtype=torch.int64)
+    buf = torch.tensor([10 * r + j for j in range(n)], dtype=torch.int64)
+    comm.all_to_all_single(buf, buf, False)
+    assert torch.equal(buf, expected), buf
+    buf = torch.tensor([10 * r + j for j in range(n)], dtype=torch.int64)
+    comm.all_to_all_v_single(buf, buf, [1] * n, [1] * n, False)
+    assert torch.equal(buf, expected), buf
+    comm.finalize()
+
+
+def test_all_to_all_with_aliased_output() -> None:
+    run_ranks(_all_to_all_in_place, 3, timeout=60.0)

@@ -102,6 +102,14 @@ def _tag_hint(hints: dict[str, str]) -> int | None:
     return tag
 
 
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous CPU tensors share any byte."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
 def _ranks_text(ranks: Sequence[int]) -> str:
     unique = sorted(set(ranks))
     return f"peer rank{'s' if len(unique) > 1 else ''} {', '.join(map(str, unique))}"
@@ -727,6 +735,8 @@ class TorchCommGloo(TorchCommBackend):
         deadline: _Deadline,
     ) -> None:
         pg = self._pg_checked()
+        if _overlaps(out, inp):
+            inp = inp.clone()  # gloo reads the input while writing the output: never alias
         o = c10d.AllToAllOptions()
         left = deadline.arm(o)
         pg.alltoall_base(out, inp, out_splits, in_splits, o).wait(left)
