@@ -1,0 +1,7 @@
+"""``python -m torchcomms.bench``: nccl-tests for torchcomms, side by side with raw gloo.
+
+Modules, one concern each: ``cli`` (flags), ``launch`` (spawning local ranks), ``ops`` (the
+op table), ``runner`` (the timing harness), ``metrics`` (formulas), ``memprobe`` (memory
+bandwidth), ``env`` (machine description), ``report`` (table, progress, JSON), ``plot`` (PNG).
+Not imported by ``torchcomms`` itself, so it may import ``torch.distributed``.
+"""

@@ -1,0 +1,158 @@
+"""Command line of ``python -m torchcomms.bench``: flags (nccl-tests' where they exist) and dispatch.
+
+Without a launcher (no ``TORCHCOMM_RANK``/``RANK`` in the environment) or with ``--nproc N``
+the command spawns N local ranks (``launch``); under ``torchrun`` (or as a spawned worker)
+it runs as one rank (``runner``).  Bad arguments exit with argparse's status 2 before any
+rank starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+
+from torchcomms.bench import launch, metrics, ops, runner
+
+DEFAULTS = {"min_bytes": "8", "max_bytes": "16M", "factor": 8, "iters": 20, "warmup": 5}
+QUICK = {"min_bytes": "8", "max_bytes": "1M", "factor": 32, "iters": 5, "warmup": 2}
+DEFAULT_NPROC = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m torchcomms.bench",
+        description="nccl-tests style benchmark of torchcomms collectives, "
+        "optionally side by side with raw ProcessGroupGloo (--vs gloo).",
+    )
+    p.add_argument(
+        "-b", "--minbytes", dest="min_bytes", help="smallest size (8, 1K, 64M; default 8)"
+    )
+    p.add_argument("-e", "--maxbytes", dest="max_bytes", help="largest size (default 16M)")
+    p.add_argument(
+        "-f", "--stepfactor", dest="factor", type=int, help="size multiplier (default 8)"
+    )
+    p.add_argument("-n", "--iters", dest="iters", type=int, help="timed iterations (default 20)")
+    p.add_argument(
+        "-w", "--warmup_iters", dest="warmup", type=int, help="warm-up iterations (default 5)"
+    )
+    p.add_argument(
+        "-c",
+        "--check",
+        dest="check",
+        type=int,
+        default=1,
+        choices=(0, 1),
+        help="bit-exact check before and after timing (default 1)",
+    )
+    p.add_argument("--dtype", default="float32", choices=sorted(ops.DTYPES), help="default float32")
+    p.add_argument("--redop", default="sum", choices=sorted(ops.REDOPS), help="default sum")
+    p.add_argument("--root", type=int, default=0, help="root rank of reduce/broadcast (default 0)")
+    p.add_argument("--backend", default="gloo", help="torchcomms backend (default gloo)")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        help=f"spawn N local ranks (default {DEFAULT_NPROC} unless run under a launcher)",
+    )
+    p.add_argument(
+        "--op",
+        default=",".join(ops.OPS),
+        help=f"comma-separated ops (default all: {','.join(ops.OPS)})",
+    )
+    p.add_argument(
+        "--vs", choices=("gloo",), help="also time raw ProcessGroupGloo (alternating blocks)"
+    )
+    p.add_argument("--json", dest="json_path", metavar="PATH", help="write the results as JSON")
+    p.add_argument(
+        "--plot", dest="plot_path", metavar="PATH", help="write a PNG plot (needs matplotlib)"
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="few sizes and iterations (< 1 min on 2 cores)"
+    )
+    p.add_argument(
+        "--blocks",
+        type=int,
+        default=4,
+        help="alternating blocks the timed iterations are split into (default 4)",
+    )
+    p.add_argument(
+        "--fr-overhead",
+        action="store_true",
+        help="also time a comm created with TORCHCOMM_FR_BUFFER_SIZE=0; report recorder on - off",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds any one wait may take (default 300)"
+    )
+    p.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, runner.Settings]:
+    """Parse and validate; errors exit with status 2 (argparse's convention)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    mode = QUICK if args.quick else DEFAULTS
+    for key, value in mode.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    try:
+        min_bytes = metrics.parse_size(str(args.min_bytes))
+        max_bytes = metrics.parse_size(str(args.max_bytes))
+        sizes = metrics.size_sweep(min_bytes, max_bytes, args.factor)
+        specs = ops.resolve([name for name in args.op.split(",") if name.strip()])
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not specs:
+        parser.error("--op names no op")
+    if args.iters < 1:
+        parser.error(f"-n must be >= 1 (got {args.iters})")
+    if args.warmup < 0:
+        parser.error(f"-w must be >= 0 (got {args.warmup})")
+    if args.blocks < 1:
+        parser.error(f"--blocks must be >= 1 (got {args.blocks})")
+    if args.nproc is not None and args.nproc < 1:
+        parser.error(f"--nproc must be >= 1 (got {args.nproc})")
+    if args.root < 0 or (args.nproc is not None and args.root >= args.nproc):
+        parser.error(f"--root {args.root} is out of range for {args.nproc} ranks")
+    if args.timeout <= 0:
+        parser.error(f"--timeout must be positive (got {args.timeout})")
+    if args.plot_path and importlib.util.find_spec("matplotlib") is None:
+        parser.error(
+            "--plot needs matplotlib, which is not installed: "
+            "pip install matplotlib (or pip install 'torchcomms-py[plot]')"
+        )
+    settings = runner.Settings(
+        ops=specs,
+        sizes=sizes,
+        iters=args.iters,
+        warmup=args.warmup,
+        check=args.check,
+        dtype=args.dtype,
+        redop=args.redop,
+        root=args.root,
+        backend=args.backend,
+        vs_gloo=args.vs == "gloo",
+        fr_overhead=args.fr_overhead,
+        blocks=args.blocks,
+        timeout_s=args.timeout,
+        quick=args.quick,
+        json_path=args.json_path,
+        plot_path=args.plot_path,
+    )
+    return args, settings
+
+
+def under_launcher() -> bool:
+    """True when a launcher (torchrun, mpirun, ...) already made this process a rank."""
+    return any(
+        os.environ.get(v) for v in ("TORCHCOMM_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, settings = parse_args(argv)
+    if args._worker or (args.nproc is None and under_launcher()):
+        return runner.run_rank(settings)
+    return launch.spawn(argv, args.nproc or DEFAULT_NPROC)

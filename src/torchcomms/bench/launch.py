@@ -1,0 +1,103 @@
+"""Spawn ``--nproc`` local ranks of the benchmark and supervise them.
+
+Each rank is ``python -m torchcomms.bench --_worker ARGS`` with ``TORCHCOMM_RANK/SIZE`` and
+``MASTER_ADDR/MASTER_PORT`` (a free loopback port) set; rank 0 serves the job store and
+prints the report on the inherited stdout.  The launcher polls the children: when one
+exits non-zero it gives the others a short grace period, kills the rest and returns that
+code, so a dead rank never leaves the others hanging.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from torchcomms.bench.runner import COMMAND_ENV
+
+GRACE_S = 3.0
+_LAUNCHER_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (rank 0 binds it next)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_S
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def spawn(argv: list[str], nproc: int) -> int:
+    """Run ``nproc`` ranks with ``argv``; returns the exit code for the whole run."""
+    port = free_port()
+    command = " ".join(["python -m torchcomms.bench", *argv])
+    base = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for rank in range(nproc):
+            env = dict(
+                base,
+                TORCHCOMM_RANK=str(rank),
+                TORCHCOMM_SIZE=str(nproc),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                **{COMMAND_ENV: command},
+            )
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "torchcomms.bench", "--_worker", *argv], env=env
+                )
+            )
+        return _supervise(procs)
+    except KeyboardInterrupt:
+        print("torchcomms.bench: interrupted; stopping the ranks", file=sys.stderr)
+        _stop(procs)
+        return 130
+    finally:
+        _stop(procs)
+
+
+def _supervise(procs: list[subprocess.Popen[bytes]]) -> int:
+    while True:
+        codes = [proc.poll() for proc in procs]
+        failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            rank, code = failed[0]
+            deadline = time.monotonic() + GRACE_S
+            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                time.sleep(0.05)
+            alive = [r for r, p in enumerate(procs) if p.poll() is None]
+            stopping = f"; stopping ranks {alive}" if alive else ""
+            print(
+                f"torchcomms.bench: rank {rank} exited with code {code}{stopping}",
+                file=sys.stderr,
+            )
+            _stop(procs)
+            return code if code is not None and code > 0 else 1
+        if all(code == 0 for code in codes):
+            return 0
+        time.sleep(0.05)

@@ -1,0 +1,500 @@
+"""The op table: one small descriptor per benchmarked operation, nccl-tests style.
+
+Each ``OpSpec`` says how many elements a row of ``S`` bytes means, the bus-bandwidth
+factor, the memory traffic of the copy-in/copy-out model (for the ceiling column), and
+how to build a ``Case``: integer-valued inputs, the expected output, and the call on a
+``TorchComm`` and on a raw ``ProcessGroupGloo``.  One harness (``runner``) runs them all.
+
+Input patterns are small integers (at most 80, or powers of two for ``prod``), exact in
+every supported dtype, so checks are bit-exact comparisons.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch._C._distributed_c10d as c10d
+
+from torchcomms import ReduceOp, TorchComm
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "int32": torch.int32,
+    "int64": torch.int64,
+}
+
+# name -> (ours, raw c10d, how to combine two Python ints)
+REDOPS: dict[str, tuple[ReduceOp, Any, Callable[[int, int], int]]] = {
+    "sum": (ReduceOp.SUM, c10d.ReduceOp.SUM, lambda a, b: a + b),
+    "prod": (ReduceOp.PRODUCT, c10d.ReduceOp.PRODUCT, lambda a, b: a * b),
+    "min": (ReduceOp.MIN, c10d.ReduceOp.MIN, min),
+    "max": (ReduceOp.MAX, c10d.ReduceOp.MAX, max),
+}
+
+_P2P_TAG = 7
+
+
+@dataclass(frozen=True)
+class CaseParams:
+    """What one rank needs to build a case: ``count`` is the row's element count."""
+
+    rank: int
+    nranks: int
+    count: int
+    dtype: torch.dtype
+    redop: str
+    root: int
+    in_place: bool
+
+
+def _noop() -> None:
+    return None
+
+
+def _zero() -> int:
+    return 0
+
+
+@dataclass
+class Case:
+    """One rank's buffers for one (op, size, placement), with the calls that use them."""
+
+    ours: Callable[[TorchComm], None]
+    gloo: Callable[[Any], None]
+    reset: Callable[[], None] = _noop  # restore inputs/outputs before a checked run
+    wrong: Callable[[], int] = _zero  # elements of this rank's output that differ
+    corrupt: Callable[[], None] = _noop  # test switch: damage this rank's output
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """A benchmarked op: sizes, formulas and how to build a case (see the module docstring)."""
+
+    name: str
+    factor_text: str  # nccl-tests busbw factor, as printed in the table header
+    busbw_factor: Callable[[int], float]
+    traffic_text: str  # memory traffic of the copy-in/copy-out model, in units of S
+    traffic: Callable[[int], float] | None  # k(N): the model moves k * S bytes
+    build: Callable[[CaseParams], Case]
+    granularity: Callable[[int], int] = lambda n: 1  # count must be a multiple of this
+    reduces: bool = False
+    rooted: bool = False
+    placements: tuple[bool, ...] = (False, True)  # in_place values it runs
+    min_ranks: int = 1
+    sized: bool = True  # barrier: one row, no payload
+    time_divisor: int = 1  # ping-pong: one-way time = round trip / 2
+    checked_rank: Callable[[int, int], int | None] = lambda n, root: n - 1  # corrupt target
+    aliases: tuple[str, ...] = field(default_factory=tuple)
+
+    def count_for(self, nbytes: int, nranks: int, elem_size: int) -> int:
+        """Elements a row of ``nbytes`` moves, rounded down as nccl-tests does."""
+        if not self.sized:
+            return 0
+        g = self.granularity(nranks)
+        return nbytes // elem_size // g * g
+
+
+# -- patterns ------------------------------------------------------------------------------------
+def _modulus(redop: str) -> int:
+    return 2 if redop == "prod" else 5
+
+
+def _periodic(values: list[int], count: int, dtype: torch.dtype) -> torch.Tensor:
+    base = torch.tensor(values, dtype=torch.int64).to(dtype)
+    reps = -(-count // len(values)) if count else 0
+    return base.repeat(reps)[:count].clone()
+
+
+def _rank_values(rank: int, m: int) -> list[int]:
+    return [(j + rank) % m + 1 for j in range(m)]
+
+
+def _pattern(rank: int, m: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """This rank's reduction input: ``(i + rank) % m + 1``."""
+    return _periodic(_rank_values(rank, m), count, dtype)
+
+
+def _reduced(p: CaseParams, count: int) -> torch.Tensor:
+    """The reduction of every rank's ``_pattern`` over ``count`` elements."""
+    m = _modulus(p.redop)
+    combine = REDOPS[p.redop][2]
+    acc = _rank_values(0, m)
+    for r in range(1, p.nranks):
+        acc = [combine(a, b) for a, b in zip(acc, _rank_values(r, m), strict=True)]
+    return _periodic(acc, count, p.dtype)
+
+
+def _payload(tag: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """A non-reduced payload that says where it came from: values 1..80, ``tag`` mod 16."""
+    return _periodic([j + 1 + 5 * (tag % 16) for j in range(5)], count, dtype)
+
+
+def _mismatches(got: torch.Tensor, expected: torch.Tensor) -> int:
+    return int((got.reshape(-1) != expected.reshape(-1)).sum().item())
+
+
+def _bump(t: torch.Tensor) -> Callable[[], None]:
+    def corrupt() -> None:
+        flat = t.view(-1)
+        flat[0] = flat[0] + 1
+
+    return corrupt
+
+
+def _ours_op(p: CaseParams) -> ReduceOp:
+    return REDOPS[p.redop][0]
+
+
+def _gloo_op(p: CaseParams) -> Any:
+    return REDOPS[p.redop][1]
+
+
+# -- builders ------------------------------------------------------------------------------------
+def _in_place_reduction(p: CaseParams, rooted: bool) -> tuple[torch.Tensor, torch.Tensor, Case]:
+    """Shared by all_reduce and reduce: the API is in place; out-of-place copies in first."""
+    src = _pattern(p.rank, _modulus(p.redop), p.count, p.dtype)
+    expected = _reduced(p, p.count)
+    buf = torch.empty_like(src)
+    checks = not rooted or p.rank == p.root
+
+    def reset() -> None:
+        if p.in_place:
+            buf.copy_(src)
+        else:
+            buf.zero_()
+
+    def wrong() -> int:
+        return _mismatches(buf, expected) if checks else 0
+
+    case = Case(ours=_noop_comm, gloo=_noop_comm, reset=reset, wrong=wrong, corrupt=_bump(buf))
+    return src, buf, case
+
+
+def _noop_comm(_: Any) -> None:
+    return None
+
+
+def _build_all_reduce(p: CaseParams) -> Case:
+    src, buf, case = _in_place_reduction(p, rooted=False)
+    op, gop = _ours_op(p), _gloo_op(p)
+
+    def ours(comm: TorchComm) -> None:
+        if not p.in_place:
+            buf.copy_(src)
+        comm.all_reduce(buf, op, False)
+
+    def gloo(pg: Any) -> None:
+        if not p.in_place:
+            buf.copy_(src)
+        o = c10d.AllreduceOptions()
+        o.reduceOp = gop
+        pg.allreduce([buf], o).wait()
+
+    case.ours, case.gloo = ours, gloo
+    return case
+
+
+def _build_reduce(p: CaseParams) -> Case:
+    src, buf, case = _in_place_reduction(p, rooted=True)
+    op, gop = _ours_op(p), _gloo_op(p)
+
+    def ours(comm: TorchComm) -> None:
+        if not p.in_place:
+            buf.copy_(src)
+        comm.reduce(buf, p.root, op, False)
+
+    def gloo(pg: Any) -> None:
+        if not p.in_place:
+            buf.copy_(src)
+        o = c10d.ReduceOptions()
+        o.reduceOp = gop
+        o.rootRank = p.root
+        pg.reduce([buf], o).wait()
+
+    case.ours, case.gloo = ours, gloo
+    return case
+
+
+def _build_broadcast(p: CaseParams) -> Case:
+    expected = _payload(p.root, p.count, p.dtype)
+    is_root = p.rank == p.root
+    src = expected if is_root else torch.zeros_like(expected)
+    buf = torch.empty_like(expected)
+
+    def reset() -> None:
+        if p.in_place:
+            buf.copy_(src)
+        else:
+            buf.zero_()
+
+    def ours(comm: TorchComm) -> None:
+        if not p.in_place and is_root:
+            buf.copy_(src)
+        comm.broadcast(buf, p.root, False)
+
+    def gloo(pg: Any) -> None:
+        if not p.in_place and is_root:
+            buf.copy_(src)
+        o = c10d.BroadcastOptions()
+        o.rootRank = p.root
+        pg.broadcast([buf], o).wait()
+
+    return Case(
+        ours=ours,
+        gloo=gloo,
+        reset=reset,
+        wrong=lambda: _mismatches(buf, expected),
+        corrupt=_bump(buf),
+    )
+
+
+def _build_all_gather(p: CaseParams) -> Case:
+    chunk = p.count // p.nranks
+    expected = torch.cat([_payload(r, chunk, p.dtype) for r in range(p.nranks)])
+    mine = _payload(p.rank, chunk, p.dtype)
+    out = torch.empty_like(expected)
+    inp = out[p.rank * chunk : (p.rank + 1) * chunk] if p.in_place else mine.clone()
+
+    def reset() -> None:
+        out.zero_()
+        inp.copy_(mine)
+
+    def ours(comm: TorchComm) -> None:
+        comm.all_gather_single(out, inp, False)
+
+    def gloo(pg: Any) -> None:
+        pg._allgather_base(out, inp, c10d.AllgatherOptions()).wait()
+
+    return Case(
+        ours=ours,
+        gloo=gloo,
+        reset=reset,
+        wrong=lambda: _mismatches(out, expected),
+        corrupt=_bump(out),
+    )
+
+
+def _build_reduce_scatter(p: CaseParams) -> Case:
+    chunk = p.count // p.nranks
+    lo, hi = p.rank * chunk, (p.rank + 1) * chunk
+    src = _pattern(p.rank, _modulus(p.redop), p.count, p.dtype)
+    expected = _reduced(p, p.count)[lo:hi].clone()
+    inp = torch.empty_like(src)
+    out = inp[lo:hi] if p.in_place else torch.empty(chunk, dtype=p.dtype)
+    op, gop = _ours_op(p), _gloo_op(p)
+
+    def reset() -> None:
+        inp.copy_(src)
+        if not p.in_place:
+            out.zero_()
+
+    def ours(comm: TorchComm) -> None:
+        comm.reduce_scatter_single(out, inp, op, False)
+
+    def gloo(pg: Any) -> None:
+        o = c10d.ReduceScatterOptions()
+        o.reduceOp = gop
+        pg._reduce_scatter_base(out, inp, o).wait()
+
+    return Case(
+        ours=ours,
+        gloo=gloo,
+        reset=reset,
+        wrong=lambda: _mismatches(out, expected),
+        corrupt=_bump(out),
+    )
+
+
+def _build_all_to_all(p: CaseParams) -> Case:
+    n, chunk = p.nranks, p.count // p.nranks
+    # Chunk d of rank r is tagged r*n + d; rank r receives chunk r of every rank s.
+    src = torch.cat([_payload(p.rank * n + d, chunk, p.dtype) for d in range(n)])
+    expected = torch.cat([_payload(s * n + p.rank, chunk, p.dtype) for s in range(n)])
+    inp = torch.empty_like(src)
+    out = inp if p.in_place else torch.empty_like(src)
+
+    def reset() -> None:
+        inp.copy_(src)
+        if not p.in_place:
+            out.zero_()
+
+    def ours(comm: TorchComm) -> None:
+        comm.all_to_all_single(out, inp, False)
+
+    def gloo(pg: Any) -> None:
+        pg.alltoall_base(out, inp, [], [], c10d.AllToAllOptions()).wait()
+
+    return Case(
+        ours=ours,
+        gloo=gloo,
+        reset=reset,
+        wrong=lambda: _mismatches(out, expected),
+        corrupt=_bump(out),
+    )
+
+
+def _build_sendrecv(p: CaseParams) -> Case:
+    """Ping-pong: rank 0 sends to rank 1, which sends it back; other ranks sit out."""
+    payload = _payload(0, p.count, p.dtype)
+    got = torch.empty_like(payload)
+    if p.rank > 1:
+        return Case(ours=_noop_comm, gloo=_noop_comm)
+
+    def reset() -> None:
+        got.zero_()
+
+    if p.rank == 0:
+
+        def ours(comm: TorchComm) -> None:
+            comm.send(payload, 1, False)
+            comm.recv(got, 1, False)
+
+        def gloo(pg: Any) -> None:
+            pg.send([payload], 1, _P2P_TAG).wait()
+            pg.recv([got], 1, _P2P_TAG).wait()
+
+    else:
+
+        def ours(comm: TorchComm) -> None:
+            comm.recv(got, 0, False)
+            comm.send(got, 0, False)
+
+        def gloo(pg: Any) -> None:
+            pg.recv([got], 0, _P2P_TAG).wait()
+            pg.send([got], 0, _P2P_TAG).wait()
+
+    return Case(
+        ours=ours,
+        gloo=gloo,
+        reset=reset,
+        wrong=lambda: _mismatches(got, payload),
+        corrupt=_bump(got),
+    )
+
+
+def _build_barrier(p: CaseParams) -> Case:
+    def ours(comm: TorchComm) -> None:
+        comm.barrier(False)
+
+    def gloo(pg: Any) -> None:
+        pg.barrier(c10d.BarrierOptions()).wait()
+
+    return Case(ours=ours, gloo=gloo)
+
+
+def _per_rank(n: int) -> int:
+    return n
+
+
+_TABLE = (
+    OpSpec(
+        name="all_reduce",
+        factor_text="2(n-1)/n",
+        busbw_factor=lambda n: 2 * (n - 1) / n,
+        traffic_text="5N+1",
+        traffic=lambda n: 5 * n + 1,
+        build=_build_all_reduce,
+        reduces=True,
+    ),
+    OpSpec(
+        name="reduce",
+        factor_text="1",
+        busbw_factor=lambda n: 1.0,
+        traffic_text="3N+1",
+        traffic=lambda n: 3 * n + 1,
+        build=_build_reduce,
+        reduces=True,
+        rooted=True,
+        checked_rank=lambda n, root: root,
+    ),
+    OpSpec(
+        name="broadcast",
+        factor_text="1",
+        busbw_factor=lambda n: 1.0,
+        traffic_text="2N",
+        traffic=lambda n: 2 * n,
+        build=_build_broadcast,
+        rooted=True,
+    ),
+    OpSpec(
+        name="all_gather",
+        factor_text="(n-1)/n",
+        busbw_factor=lambda n: (n - 1) / n,
+        traffic_text="2N+2",
+        traffic=lambda n: 2 * n + 2,
+        build=_build_all_gather,
+        granularity=_per_rank,
+        aliases=("all_gather_single",),
+    ),
+    OpSpec(
+        name="reduce_scatter",
+        factor_text="(n-1)/n",
+        busbw_factor=lambda n: (n - 1) / n,
+        traffic_text="3N+1",
+        traffic=lambda n: 3 * n + 1,
+        build=_build_reduce_scatter,
+        granularity=_per_rank,
+        reduces=True,
+        aliases=("reduce_scatter_single",),
+    ),
+    OpSpec(
+        name="all_to_all",
+        factor_text="(n-1)/n",
+        busbw_factor=lambda n: (n - 1) / n,
+        traffic_text="4N",
+        traffic=lambda n: 4 * n,
+        build=_build_all_to_all,
+        granularity=_per_rank,
+        placements=(False,),  # gloo's alltoall gives wrong results when output is input
+        aliases=("all_to_all_single", "alltoall"),
+    ),
+    OpSpec(
+        name="sendrecv",
+        factor_text="1",
+        busbw_factor=lambda n: 1.0,
+        traffic_text="4",
+        traffic=lambda n: 4.0,
+        build=_build_sendrecv,
+        placements=(False,),
+        min_ranks=2,
+        time_divisor=2,
+        checked_rank=lambda n, root: 1,
+        aliases=("send_recv", "send/recv", "p2p"),
+    ),
+    OpSpec(
+        name="barrier",
+        factor_text="-",
+        busbw_factor=lambda n: 0.0,
+        traffic_text="-",
+        traffic=None,
+        build=_build_barrier,
+        placements=(False,),
+        sized=False,
+        checked_rank=lambda n, root: None,
+    ),
+)
+
+OPS: dict[str, OpSpec] = {spec.name: spec for spec in _TABLE}
+ALIASES: dict[str, str] = {
+    **{spec.name: spec.name for spec in _TABLE},
+    **{alias: spec.name for spec in _TABLE for alias in spec.aliases},
+}
+
+
+def resolve(names: list[str]) -> list[OpSpec]:
+    """Op specs for user-given names (aliases allowed, duplicates dropped, table order kept)."""
+    wanted = set()
+    for name in names:
+        key = name.strip().lower()
+        if key not in ALIASES:
+            raise ValueError(f"unknown op {name!r} (choose from {', '.join(OPS)})")
+        wanted.add(ALIASES[key])
+    return [spec for spec in _TABLE if spec.name in wanted]

@@ -1,0 +1,463 @@
+"""The harness every op runs through, on each rank: check, warm up, time, gather, report.
+
+Per (op, size, placement): a bit-exact check of every implementation (``-c``), ``-w``
+warm-up iterations each, then ``--blocks`` alternating blocks (ours, [ours with the flight
+recorder off], [raw gloo], then the same in reverse order, ...) that together give each
+implementation ``-n`` timed iterations, then the check again.  An iteration is timed with
+``perf_counter_ns`` around the blocking call on every rank; after timing, one
+all_reduce(MAX) over our communicator turns the per-rank arrays into per-iteration maxima,
+and one all_reduce(SUM) totals ``#wrong``.
+Rank 0 computes the statistics and prints; every rank knows the totals, so all agree on
+the exit status.  Everything runs on the main thread; every wait is bounded by ``--timeout``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from torchcomms import ReduceOp, TorchComm, bootstrap, config, new_comm
+from torchcomms.bench import env as envmod
+from torchcomms.bench import memprobe, metrics, report
+from torchcomms.bench.ops import DTYPES, CaseParams, OpSpec
+
+CORRUPT_ENV = "TORCHCOMM_BENCH_CORRUPT"  # test-only: damage one rank's checked output
+COMMAND_ENV = "TORCHCOMM_BENCH_COMMAND"  # the user's command line, passed on by the launcher
+FR_ENV = "TORCHCOMM_FR_BUFFER_SIZE"
+PROGRESS_AFTER_S = 3.0
+
+
+@dataclass
+class Settings:
+    """What to run, resolved from the command line."""
+
+    ops: list[OpSpec]
+    sizes: list[int]
+    iters: int
+    warmup: int
+    check: int
+    dtype: str
+    redop: str
+    root: int
+    backend: str
+    vs_gloo: bool
+    fr_overhead: bool
+    blocks: int
+    timeout_s: float
+    quick: bool
+    json_path: str | None
+    plot_path: str | None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "ops": [op.name for op in self.ops],
+            "sizes": self.sizes,
+            "iters": self.iters,
+            "warmup": self.warmup,
+            "check": self.check,
+            "dtype": self.dtype,
+            "redop": self.redop,
+            "root": self.root,
+            "backend": self.backend,
+            "vs": "gloo" if self.vs_gloo else None,
+            "fr_overhead": self.fr_overhead,
+            "blocks": self.blocks,
+            "timeout_s": self.timeout_s,
+            "quick": self.quick,
+        }
+
+
+@dataclass
+class _Impl:
+    """One implementation under test: ``ours``/``ours_fr_off`` (a TorchComm) or ``gloo`` (a raw PG)."""
+
+    name: str
+    target: Any
+
+
+# -- set-up ----------------------------------------------------------------------------------------
+def _job_store(rank: int, size: int, timeout: timedelta) -> Any:
+    """The store all ranks share: torchrun's agent store, or one rank 0 serves on MASTER_PORT."""
+    addr, port = config.master_addr_port()
+    if not addr or port is None:
+        raise RuntimeError("MASTER_ADDR and MASTER_PORT must be set (or run with --nproc N)")
+    if config.torchelastic_agent_store() or rank != 0:
+        store = dist.TCPStore(addr, port, None, False, timeout)
+    else:
+        store = dist.TCPStore(addr, port, size, True, timeout, wait_for_workers=False)
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"torchcomms.bench/{restart}", store)
+
+
+def _gloo_baseline(store: Any, rank: int, size: int, timeout: timedelta) -> tuple[Any, str]:
+    """A raw ProcessGroupGloo on the device ours would pick (loopback when all ranks are local)."""
+    hostname, interface = config.gloo_hostname(), config.gloo_interface()
+    if hostname or interface:
+        desc = f"hostname={hostname!r} interface={interface!r}"
+        device = dist.ProcessGroupGloo.create_device(
+            hostname=hostname or "", interface=interface or ""
+        )
+    else:
+        me = bootstrap.host_identity()
+        store.set(f"host/{rank}", me)
+        keys = [f"host/{r}" for r in range(size)]
+        store.wait(keys, timeout)
+        hosts = {store.get(k).decode() for k in keys}
+        if hosts == {me}:
+            desc = "loopback: all ranks on this host"
+            device = dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")
+        else:
+            desc = f"default interface: {len(hosts)} hosts"
+            device = dist.ProcessGroupGloo.create_default_device()
+    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+    opts._devices = [device]
+    opts._timeout = timeout
+    pg = dist.ProcessGroupGloo(dist.PrefixStore("pg", store), rank, size, opts)
+    return pg, f"tcp ({desc})"
+
+
+def _comm_without_recorder(backend: str, store: Any, timeout: timedelta) -> TorchComm:
+    """A second communicator created while the flight recorder is disabled by env."""
+    previous = os.environ.get(FR_ENV)
+    os.environ[FR_ENV] = "0"
+    try:
+        return new_comm(
+            backend, torch.device("cpu"), name="bench_fr_off", store=store, timeout=timeout
+        )
+    finally:
+        if previous is None:
+            del os.environ[FR_ENV]
+        else:
+            os.environ[FR_ENV] = previous
+
+
+# -- memory probe ----------------------------------------------------------------------------------
+def _memory_probe(comm: TorchComm, rank: int, size: int, quick: bool) -> dict[str, Any]:
+    """Copy/add bandwidth in GB/s: rank 0 alone, then all ranks at once (aggregate)."""
+    nbytes = memprobe.probe_bytes(quick)
+    reps = 3 if quick else 5
+    probe = memprobe.Probe(nbytes)
+    result: dict[str, Any] = {"probe_bytes": probe.nbytes, "reps": reps, "procs": size}
+    comm.barrier(False)
+    if rank == 0:
+        t, b = probe.copy(reps)
+        result["copy_1p_GBps"] = b / t / metrics.GB
+        t, b = probe.add(reps)
+        result["add_1p_GBps"] = b / t / metrics.GB
+    comm.barrier(False)
+    tc, bc = probe.copy(reps)
+    comm.barrier(False)
+    ta, ba = probe.add(reps)
+    slowest = torch.tensor([tc, ta], dtype=torch.float64)
+    comm.all_reduce(slowest, ReduceOp.MAX, False)
+    result["copy_np_GBps"] = size * bc / float(slowest[0]) / metrics.GB
+    result["add_np_GBps"] = size * ba / float(slowest[1]) / metrics.GB
+    del probe
+    return result
+
+
+# -- one row ---------------------------------------------------------------------------------------
+def _split(total: int, parts: int) -> list[int]:
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+@dataclass
+class _Bound:
+    name: str
+    call: Callable[[Any], None]
+    target: Any
+
+
+def _checked_run(case: Any, impl: _Bound, corrupt: bool) -> int:
+    case.reset()
+    impl.call(impl.target)
+    if corrupt:
+        case.corrupt()
+    return int(case.wrong())
+
+
+def _measure(
+    spec: OpSpec,
+    params: CaseParams,
+    impls: list[_Impl],
+    settings: Settings,
+    comm: TorchComm,
+) -> tuple[list[list[float]], list[int]]:
+    """Per-iteration max-over-ranks times (s) per impl, and #wrong per impl summed over ranks."""
+    case = spec.build(params)
+    bound = [_Bound(i.name, case.gloo if i.name == "gloo" else case.ours, i.target) for i in impls]
+    corrupt_rank = spec.checked_rank(params.nranks, params.root)
+    corrupt = os.environ.get(CORRUPT_ENV, "") not in ("", "0") and corrupt_rank == params.rank
+    wrong = [0] * len(bound)
+    if settings.check:
+        for k, impl in enumerate(bound):
+            wrong[k] += _checked_run(case, impl, corrupt and impl.name == "ours")
+    for impl in bound:
+        for _ in range(settings.warmup):
+            impl.call(impl.target)
+    times: list[list[float]] = [[] for _ in bound]
+    order = list(range(len(bound)))
+    for chunk in _split(settings.iters, min(settings.blocks, settings.iters)):
+        for k in order:
+            call, target, sink = bound[k].call, bound[k].target, times[k]
+            for _ in range(chunk):
+                t0 = time.perf_counter_ns()
+                call(target)
+                sink.append((time.perf_counter_ns() - t0) * 1e-9)
+        order.reverse()  # ABBA: neither implementation always runs first after a switch
+    if settings.check:
+        for k, impl in enumerate(bound):
+            wrong[k] += _checked_run(case, impl, corrupt and impl.name == "ours")
+    flat = torch.tensor([t for ts in times for t in ts], dtype=torch.float64)
+    comm.all_reduce(flat, ReduceOp.MAX, False)
+    wrong_t = torch.tensor(wrong, dtype=torch.int64)
+    comm.all_reduce(wrong_t, ReduceOp.SUM, False)
+    n = settings.iters
+    maxed = flat.tolist()
+    return [maxed[k * n : (k + 1) * n] for k in range(len(bound))], [int(w) for w in wrong_t]
+
+
+def _stats(
+    times_s: list[float], divisor: int, nbytes: int, factor: float, wrong: int | None
+) -> dict[str, Any]:
+    stats: dict[str, Any] = metrics.summarize([t / divisor for t in times_s])
+    alg = metrics.algbw(nbytes, stats["p50_us"] * 1e-6)
+    stats["algbw_GBps"] = alg
+    stats["busbw_GBps"] = metrics.busbw(alg, factor)
+    stats["wrong"] = wrong
+    stats["iters"] = len(times_s)
+    return stats
+
+
+def _cell(
+    spec: OpSpec,
+    nbytes: int,
+    nranks: int,
+    impls: list[_Impl],
+    times: list[list[float]],
+    wrong: list[int],
+    mem_bw: float | None,
+    checked: bool,
+) -> dict[str, Any]:
+    factor = spec.busbw_factor(nranks)
+    by_name = {
+        impl.name: _stats(
+            times[k], spec.time_divisor, nbytes, factor, wrong[k] if checked else None
+        )
+        for k, impl in enumerate(impls)
+    }
+    ours = by_name["ours"]
+    gloo = by_name.get("gloo")
+    fr_off = by_name.get("ours_fr_off")
+    ceiling = None
+    pct = None
+    if spec.traffic is not None and mem_bw is not None and nbytes > 0:
+        ceiling = metrics.ceiling_algbw(mem_bw, spec.traffic(nranks))
+        pct = 100.0 * ours["algbw_GBps"] / ceiling
+    return {
+        "ours": ours,
+        "gloo": gloo,
+        "ours_fr_off": fr_off,
+        "ratio": metrics.ratio(gloo["p50_us"], ours["p50_us"]) if gloo else None,
+        "fr_overhead_us": ours["p50_us"] - fr_off["p50_us"] if fr_off else None,
+        "ceiling_algbw_GBps": ceiling,
+        "pct_ceiling": pct,
+    }
+
+
+# -- the rank's main -------------------------------------------------------------------------------
+def run_rank(settings: Settings) -> int:
+    """Run the benchmark as one rank; returns the process exit code."""
+    try:
+        return _run_rank(settings)
+    except Exception:
+        who = os.environ.get("TORCHCOMM_RANK") or os.environ.get("RANK") or "?"
+        print(f"torchcomms.bench: rank {who} failed:", file=sys.stderr)
+        traceback.print_exc()
+        sys.stderr.flush()
+        return 1
+
+
+@dataclass
+class _Session:
+    """One rank's communicators and the implementations timed on them."""
+
+    rank: int
+    size: int
+    comm: TorchComm  # ours; also carries the bench's own gathers
+    impls: list[_Impl]
+    environment: dict[str, Any]
+
+    def close(self) -> None:
+        # Rank 0 serves the job store: nobody may leave while another rank still needs it.
+        self.comm.barrier(False)
+        for impl in self.impls:
+            if isinstance(impl.target, TorchComm):
+                impl.target.finalize()
+
+
+def _open_session(settings: Settings) -> _Session:
+    rank, size = bootstrap.query_ranksize()
+    if settings.root >= size:
+        raise ValueError(f"--root {settings.root} is out of range for {size} ranks")
+    timeout = timedelta(seconds=settings.timeout_s)
+    store = _job_store(rank, size, timeout)
+    comm = new_comm(
+        settings.backend,
+        torch.device("cpu"),
+        name="bench",
+        store=dist.PrefixStore("ours", store),
+        timeout=timeout,
+    )
+    impls = [_Impl("ours", comm)]
+    if settings.fr_overhead:
+        fr_store = dist.PrefixStore("ours_fr_off", store)
+        impls.append(
+            _Impl("ours_fr_off", _comm_without_recorder(settings.backend, fr_store, timeout))
+        )
+    baseline_desc = None
+    if settings.vs_gloo:
+        pg, baseline_desc = _gloo_baseline(dist.PrefixStore("gloo", store), rank, size, timeout)
+        impls.append(_Impl("gloo", pg))
+    transport = str(getattr(comm.get_backend_impl(), "transport", "") or settings.backend)
+    command = os.environ.get(COMMAND_ENV) or " ".join(["python -m torchcomms.bench", *sys.argv[1:]])
+    environment = envmod.capture(command, size, transport, baseline_desc)
+    return _Session(rank, size, comm, impls, environment)
+
+
+def _run_rank(settings: Settings) -> int:
+    torch.set_num_threads(1)  # one core per rank, the same for ours, gloo and the probe
+    session = _open_session(settings)
+    rank = session.rank
+    mem = _memory_probe(session.comm, rank, session.size, settings.quick)
+    printer = None
+    if rank == 0:
+        printer = report.Printer(sys.stdout, settings.vs_gloo, settings.fr_overhead)
+        printer.preamble(settings.describe(), session.environment, mem)
+    start = time.monotonic()
+    rows, wrong_total = _sweep(settings, session, mem, printer)
+    ok = wrong_total == 0
+    if printer is not None:
+        printer.summary(wrong_total, rows, checked=bool(settings.check))
+        environment = session.environment
+        environment["load_average_end"] = envmod.load_average()
+        environment["elapsed_s"] = round(time.monotonic() - start, 2)
+        document = {
+            "env": environment,
+            "settings": settings.describe(),
+            "memory_bandwidth": mem,
+            "results": rows,
+            "wrong_total": wrong_total,
+            "ok": ok,
+        }
+        if settings.json_path:
+            report.write_json(settings.json_path, document)
+            report.progress(f"wrote {settings.json_path}")
+        if settings.plot_path:
+            from torchcomms.bench import plot
+
+            plot.plot(document, settings.plot_path)
+            report.progress(f"wrote {settings.plot_path}")
+    session.close()
+    # Only rank 0 reports a failed check, so a launcher never kills it before it has written.
+    return 0 if ok or rank != 0 else 1
+
+
+def _sweep(
+    settings: Settings, session: _Session, mem: dict[str, Any], printer: report.Printer | None
+) -> tuple[list[dict[str, Any]], int]:
+    """Every (op, size, placement): measure; rank 0 builds and prints the rows."""
+    rank, size = session.rank, session.size
+    dtype = DTYPES[settings.dtype]
+    esize = torch.empty((), dtype=dtype).element_size()
+    rows: list[dict[str, Any]] = []
+    wrong_total = 0
+    start = time.monotonic()
+    planned = _planned_rows(settings, size, esize)
+    done = 0
+    for spec in settings.ops:
+        if size < spec.min_ranks:
+            if printer is not None:
+                printer.skipped(spec.name, f"needs at least {spec.min_ranks} ranks")
+            continue
+        # send/recv copies happen one after the other: the 1-process bandwidth bounds them.
+        probe_key = "copy_1p_GBps" if spec.time_divisor > 1 else "copy_np_GBps"
+        mem_bw: float | None = mem.get(probe_key)  # rank 0 only has the 1-process figure
+        if printer is not None:
+            printer.op_header(spec.name, spec.factor_text, _ceiling_text(spec, size, mem_bw))
+        for count in _counts(spec, settings.sizes, size, esize):
+            nbytes = count * esize
+            t_row = time.monotonic()
+            row: dict[str, Any] = {
+                "op": spec.name,
+                "size": nbytes,
+                "count": count,
+                "type": settings.dtype if spec.sized else "-",
+                "redop": settings.redop if spec.reduces else "none",
+                "root": settings.root if spec.rooted else -1,
+                "busbw_factor": spec.busbw_factor(size),
+                "out_of_place": None,
+                "in_place": None,
+            }
+            checked = bool(settings.check) and spec.sized
+            for in_place in spec.placements:
+                params = CaseParams(
+                    rank, size, count, dtype, settings.redop, settings.root, in_place
+                )
+                times, wrong = _measure(spec, params, session.impls, settings, session.comm)
+                wrong_total += sum(wrong) if checked else 0
+                row["in_place" if in_place else "out_of_place"] = _cell(
+                    spec, nbytes, size, session.impls, times, wrong, mem_bw, checked
+                )
+            done += 1
+            if printer is not None:
+                rows.append(row)
+                printer.row(row)
+                if time.monotonic() - start > PROGRESS_AFTER_S:
+                    report.progress(
+                        f"{spec.name} {metrics.format_size(nbytes)}: "
+                        f"{time.monotonic() - t_row:.1f} s ({done}/{planned} rows, "
+                        f"{time.monotonic() - start:.0f} s elapsed)"
+                    )
+    return rows, wrong_total
+
+
+def _ceiling_text(spec: OpSpec, size: int, mem_bw: float | None) -> str:
+    if spec.traffic is None or mem_bw is None:
+        return "no payload: time only"
+    procs = "1 proc" if spec.time_divisor > 1 else f"{size} procs"
+    ceiling = metrics.ceiling_algbw(mem_bw, spec.traffic(size))
+    return (
+        f"memory-bound ceiling algbw = B/({spec.traffic_text}) with B = copy bandwidth "
+        f"({procs}) = {ceiling:.3f} GB/s"
+    )
+
+
+def _counts(spec: OpSpec, sizes: list[int], nranks: int, esize: int) -> list[int]:
+    """Distinct non-empty element counts for the sweep (one empty row for barrier)."""
+    if not spec.sized:
+        return [0]
+    counts: list[int] = []
+    for nbytes in sizes:
+        count = spec.count_for(nbytes, nranks, esize)
+        if count > 0 and count not in counts:
+            counts.append(count)
+    return counts
+
+
+def _planned_rows(settings: Settings, nranks: int, esize: int) -> int:
+    return sum(
+        len(_counts(spec, settings.sizes, nranks, esize))
+        for spec in settings.ops
+        if nranks >= spec.min_ranks
+    )

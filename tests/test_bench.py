@@ -1,0 +1,479 @@
+"""The benchmark ``python -m torchcomms.bench`` (issue 4).
+
+Covers argument parsing (flags, quick mode, op names, errors exit 2), the metric formulas
+(size units and the ``-b/-e/-f`` sweep, percentiles, algbw/busbw with each op's nccl-tests
+factor, the memory-bound ceiling models), the op table's bit-exact checks on real
+communicators for every op, dtype class and reduction (and that ``#wrong`` sees a corrupted
+output), the launcher's handling of a dying rank, the report and plot writers, and end-to-end
+runs: a 2-rank smoke run whose JSON is checked field by field, a run with the test-only
+``TORCHCOMM_BENCH_CORRUPT=1`` switch that must report ``#wrong > 0`` and exit non-zero, and a
+run under torchrun.  Timing values are never asserted beyond "positive and finite".
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from tests.harness import REPO_ROOT, SRC_DIR, RankContext, run_ranks, run_torchrun, timeout_scale
+from torchcomms import new_comm
+from torchcomms.bench import cli, launch, metrics, ops, report
+from torchcomms.bench.ops import OPS, CaseParams
+
+CPU = torch.device("cpu")
+ALL_OPS = list(OPS)
+
+
+def _bench(
+    args: list[str], env: dict[str, str] | None = None, timeout: float = 120.0
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m torchcomms.bench ARGS`` in a fresh interpreter."""
+    child_env = dict(os.environ)
+    for var in ("RANK", "WORLD_SIZE", "TORCHCOMM_RANK", "TORCHCOMM_SIZE", "LOCAL_RANK"):
+        child_env.pop(var, None)
+    child_env["PYTHONPATH"] = os.pathsep.join(
+        [SRC_DIR, REPO_ROOT, *filter(None, [child_env.get("PYTHONPATH")])]
+    )
+    child_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "torchcomms.bench", *args],
+        capture_output=True,
+        text=True,
+        env=child_env,
+        timeout=timeout * timeout_scale(),
+        stdin=subprocess.DEVNULL,
+    )
+
+
+# -- parsing -------------------------------------------------------------------------------------
+def test_size_units_and_sweep() -> None:
+    assert metrics.parse_size("8") == 8
+    assert metrics.parse_size("1K") == 1024
+    assert metrics.parse_size("64M") == 64 << 20
+    assert metrics.parse_size("2G") == 2 << 30
+    assert metrics.parse_size("4KiB") == 4096
+    assert metrics.parse_size("16mb") == 16 << 20
+    for bad in ("", "1X", "-8", "1.5M", "M"):
+        with pytest.raises(ValueError, match="invalid size"):
+            metrics.parse_size(bad)
+    assert metrics.size_sweep(8, 64 << 20, 8) == [8 * 8**k for k in range(8)]
+    assert metrics.size_sweep(8, 128, 4) == [8, 32, 128]
+    assert metrics.size_sweep(8, 127, 4) == [8, 32]
+    assert metrics.size_sweep(1 << 20, 1 << 20, 1) == [1 << 20]
+    with pytest.raises(ValueError, match="factor must be >= 2"):
+        metrics.size_sweep(8, 64, 1)
+    with pytest.raises(ValueError, match="invalid size range"):
+        metrics.size_sweep(64, 8, 2)
+    assert metrics.format_size(64 << 20) == "64 MiB"
+    assert metrics.format_size(1536) == "1536 B"
+    assert metrics.format_size(8192) == "8 KiB"
+
+
+def test_cli_flags_defaults_and_quick_mode() -> None:
+    args, s = cli.parse_args([])
+    assert s.sizes == metrics.size_sweep(8, 16 << 20, 8)
+    assert (s.iters, s.warmup, s.check, s.blocks) == (20, 5, 1, 4)
+    assert (s.dtype, s.redop, s.root, s.backend) == ("float32", "sum", 0, "gloo")
+    assert [op.name for op in s.ops] == ALL_OPS
+    assert not s.vs_gloo and not s.fr_overhead and s.json_path is None and args.nproc is None
+
+    argv = "-b 1K -e 64M -f 4 -n 7 -w 0 -c 0 --dtype int32 --redop max --root 1 --nproc 4"
+    argv += " --op all_gather_single,all_reduce,all_reduce --vs gloo --json x.json --blocks 2"
+    args, s = cli.parse_args(argv.split())
+    assert s.sizes == metrics.size_sweep(1024, 64 << 20, 4)
+    assert (s.iters, s.warmup, s.check, s.blocks) == (7, 0, 0, 2)
+    assert (s.dtype, s.redop, s.root) == ("int32", "max", 1)
+    assert [op.name for op in s.ops] == ["all_reduce", "all_gather"]  # table order, deduped
+    assert s.vs_gloo and s.json_path == "x.json" and args.nproc == 4
+
+    _, q = cli.parse_args(["--quick"])
+    assert q.quick and q.iters == 5 and len(q.sizes) <= 4 and max(q.sizes) <= 1 << 20
+    _, q = cli.parse_args(["--quick", "-n", "9", "-e", "64"])
+    assert q.iters == 9 and q.sizes == [8]  # explicit flags win over quick's defaults
+    _, q = cli.parse_args(["--op", "send/recv,alltoall,reduce_scatter_single"])
+    assert [op.name for op in q.ops] == ["reduce_scatter", "all_to_all", "sendrecv"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--op", "all_reduce,nope"], "unknown op 'nope'"),
+        (["-b", "1X"], "invalid size '1X'"),
+        (["-b", "8", "-e", "64", "-f", "1"], "factor must be >= 2"),
+        (["-n", "0"], "-n must be >= 1"),
+        (["--nproc", "2", "--root", "2"], "--root 2 is out of range for 2 ranks"),
+        (["--vs", "nccl"], "invalid choice: 'nccl'"),
+        (["--dtype", "complex64"], "invalid choice: 'complex64'"),
+        (["--redop", "avg"], "invalid choice: 'avg'"),
+        (["-c", "2"], "invalid choice: 2"),
+        (["--timeout", "0"], "--timeout must be positive"),
+    ],
+)
+def test_cli_bad_arguments_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.parse_args(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_plot_without_matplotlib_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(SystemExit) as exc:
+        cli.parse_args(["--plot", "x.png"])
+    assert exc.value.code == 2
+    assert "--plot needs matplotlib, which is not installed: pip install matplotlib" in (
+        capsys.readouterr().err
+    )
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    from torchcomms.bench import plot
+
+    with pytest.raises(RuntimeError, match="plotting needs matplotlib"):
+        plot.plot({"results": []}, "x.png")
+
+
+# -- formulas ------------------------------------------------------------------------------------
+def test_metric_formulas_and_busbw_factor_per_op() -> None:
+    expected_factor = {
+        "all_reduce": lambda n: 2 * (n - 1) / n,
+        "all_gather": lambda n: (n - 1) / n,
+        "reduce_scatter": lambda n: (n - 1) / n,
+        "all_to_all": lambda n: (n - 1) / n,
+        "broadcast": lambda n: 1.0,
+        "reduce": lambda n: 1.0,
+        "sendrecv": lambda n: 1.0,
+    }
+    for name, factor in expected_factor.items():
+        for n in (1, 2, 3, 4, 8):
+            assert OPS[name].busbw_factor(n) == pytest.approx(factor(n)), (name, n)
+    assert OPS["all_reduce"].busbw_factor(4) == 1.5
+    # copy-in/copy-out traffic in units of S (README: the memory-bound model)
+    traffic = {
+        "all_reduce": lambda n: 5 * n + 1,
+        "reduce": lambda n: 3 * n + 1,
+        "broadcast": lambda n: 2 * n,
+        "all_gather": lambda n: 2 * n + 2,
+        "reduce_scatter": lambda n: 3 * n + 1,
+        "all_to_all": lambda n: 4 * n,
+        "sendrecv": lambda n: 4,
+    }
+    for name, k in traffic.items():
+        model = OPS[name].traffic
+        assert model is not None
+        for n in (2, 4):
+            assert model(n) == k(n), (name, n)
+    assert OPS["barrier"].traffic is None and not OPS["barrier"].sized
+
+    assert metrics.algbw(2_000_000_000, 2.0) == 1.0  # GB = 1e9
+    assert metrics.algbw(1 << 20, 1e-3) == pytest.approx(1.048576)
+    assert metrics.busbw(2.0, OPS["all_reduce"].busbw_factor(2)) == 2.0
+    assert metrics.busbw(2.0, OPS["all_gather"].busbw_factor(4)) == 1.5
+    assert metrics.ceiling_algbw(22.0, OPS["all_reduce"].traffic(2)) == 2.0  # type: ignore[misc]
+    assert metrics.ratio(30.0, 20.0) == 1.5
+    assert math.isnan(metrics.ratio(1.0, 0.0))
+
+    values = [5.0, 1.0, 4.0, 2.0, 3.0]
+    assert metrics.percentile(values, 50) == 3.0
+    assert metrics.percentile(values, 0) == 1.0 and metrics.percentile(values, 100) == 5.0
+    assert metrics.percentile(values, 99) == pytest.approx(4.96)  # numpy's linear method
+    assert metrics.percentile([1.0, 2.0], 50) == 1.5
+    s = metrics.summarize([1e-6, 2e-6, 3e-6, 10e-6])
+    assert s["p50_us"] == pytest.approx(2.5) and s["mean_us"] == pytest.approx(4.0)
+    assert s["min_us"] == pytest.approx(1.0) and s["max_us"] == pytest.approx(10.0)
+    assert s["p99_us"] == pytest.approx(9.79)
+
+
+def test_counts_round_down_like_nccl_tests() -> None:
+    for nranks in (2, 3, 4):
+        assert OPS["all_reduce"].count_for(1000, nranks, 4) == 250
+        for name in ("all_gather", "reduce_scatter", "all_to_all"):
+            count = OPS[name].count_for(1000, nranks, 4)
+            assert count % nranks == 0 and count <= 250 and count > 250 - nranks, (name, nranks)
+    assert OPS["all_gather"].count_for(8, 4, 4) == 0  # 2 elements cannot split over 4 ranks
+    assert OPS["barrier"].count_for(1 << 20, 2, 4) == 0
+
+
+# -- the checker on real communicators -----------------------------------------------------------
+_CHECK_MATRIX = [
+    ("float32", "sum"),
+    ("bfloat16", "sum"),
+    ("float16", "max"),
+    ("int8", "sum"),
+    ("uint8", "min"),
+    ("int64", "prod"),
+    ("float64", "prod"),
+]
+
+
+def _check_every_op(ctx: RankContext) -> list[str]:
+    """Every op x dtype x redop x placement: correct output -> #wrong 0; corrupted -> > 0."""
+    comm = new_comm("gloo", CPU, name="bench_check", store=ctx.store)
+    seen: list[str] = []
+    try:
+        for spec in OPS.values():
+            if not spec.sized:
+                continue
+            for dtype_name, redop in _CHECK_MATRIX:
+                for in_place in spec.placements:
+                    root = ctx.world_size - 1
+                    count = spec.count_for(999, ctx.world_size, 1) or ctx.world_size
+                    params = CaseParams(
+                        ctx.rank,
+                        ctx.world_size,
+                        count,
+                        ops.DTYPES[dtype_name],
+                        redop,
+                        root,
+                        in_place,
+                    )
+                    case = spec.build(params)
+                    label = f"{spec.name} {dtype_name} {redop} in_place={in_place}"
+                    for _ in range(2):  # twice: reset() must restore the inputs
+                        case.reset()
+                        case.ours(comm)
+                        assert case.wrong() == 0, label
+                    checked = spec.checked_rank(ctx.world_size, root)
+                    if checked == ctx.rank:
+                        case.corrupt()
+                        assert case.wrong() == 1, f"{label}: corruption not seen"
+                    seen.append(label)
+    finally:
+        comm.finalize()
+    return seen
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_wrong_count_checker_on_every_op(world_size: int) -> None:
+    results = run_ranks(_check_every_op, world_size, timeout=120.0)
+    assert results[0] == results[-1]
+    assert len(results[0]) == sum(len(s.placements) for s in OPS.values() if s.sized) * len(
+        _CHECK_MATRIX
+    )
+
+
+def test_all_to_all_in_place_is_not_offered() -> None:
+    # gloo's alltoall corrupts data when output and input are the same buffer.
+    assert OPS["all_to_all"].placements == (False,)
+    assert OPS["sendrecv"].placements == (False,)
+
+
+# -- launcher ------------------------------------------------------------------------------------
+def test_launcher_stops_the_others_when_a_rank_dies() -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dying = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+    t0 = time.monotonic()
+    try:
+        code = launch._supervise([sleeper, dying])
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert code == 3
+    assert sleeper.returncode is not None and sleeper.returncode != 0
+    assert time.monotonic() - t0 < 20
+
+
+# -- report and plot -----------------------------------------------------------------------------
+def _stats(p50: float) -> dict[str, Any]:
+    return {
+        "p50_us": p50,
+        "mean_us": p50,
+        "p99_us": p50 * 2,
+        "min_us": p50,
+        "max_us": p50 * 3,
+        "algbw_GBps": 1.0,
+        "busbw_GBps": 1.0,
+        "wrong": 0,
+        "iters": 3,
+    }
+
+
+def _row(op: str, size: int) -> dict[str, Any]:
+    cell = {
+        "ours": _stats(10.0),
+        "gloo": _stats(8.0),
+        "ours_fr_off": None,
+        "ratio": 0.8,
+        "fr_overhead_us": None,
+        "ceiling_algbw_GBps": 2.0,
+        "pct_ceiling": 50.0,
+    }
+    return {
+        "op": op,
+        "size": size,
+        "count": size // 4,
+        "type": "float32",
+        "redop": "sum",
+        "root": -1,
+        "busbw_factor": 1.0,
+        "out_of_place": cell,
+        "in_place": None,
+    }
+
+
+def test_report_table_and_json(tmp_path: Any) -> None:
+    out = io.StringIO()
+    printer = report.Printer(out, vs_gloo=True, fr=False)
+    printer.op_header("all_reduce", "2(n-1)/n", "ceiling")
+    printer.row(_row("all_reduce", 1024))
+    printer.summary(0, [_row("all_reduce", 1024)])
+    text = out.getvalue()
+    for column in ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"):
+        assert column in text
+    assert "out-of-place" in text and "in-place" in text and "ratio" in text
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("1024")).split()
+    assert line[:5] == ["1024", "256", "float32", "sum", "-1"]
+    assert line[5:13] == ["10.00", "20.00", "1.000", "1.000", "50.0", "0", "8.00", "0.80"]
+    assert line[13:] == ["-"] * 8
+    assert "# Out of bounds values : 0 OK" in text
+    path = tmp_path / "r.json"
+    report.write_json(str(path), {"results": [_row("x", 8)], "nan": math.nan})
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == report.SCHEMA and doc["nan"] is None
+
+
+def test_plot_writes_a_png(tmp_path: Any) -> None:
+    pytest.importorskip("matplotlib", reason="matplotlib (the plot extra) is not installed")
+    from torchcomms.bench import plot
+
+    doc = {"env": {"world_size": 2}, "results": [_row("all_reduce", 8), _row("all_reduce", 64)]}
+    path = tmp_path / "p.png"
+    plot.plot(doc, str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- end to end ----------------------------------------------------------------------------------
+def test_smoke_two_ranks_quick_json(tmp_path: Any) -> None:
+    path = tmp_path / "bench.json"
+    proc = _bench(
+        ["--nproc", "2", "--quick", "--vs", "gloo", "--fr-overhead", "-n", "3", "--json", str(path)]
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "# Out of bounds values : 0 OK" in out
+    for name in ALL_OPS:
+        assert f"# {name}: busbw = algbw * " in out
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == "torchcomms.bench/1" and doc["ok"] is True and doc["wrong_total"] == 0
+    env = doc["env"]
+    assert env["world_size"] == 2 and env["usable_cores"] >= 1 and env["cpu_count"] >= 1
+    assert isinstance(env["oversubscribed"], bool) and env["cpu_model"]
+    assert len(env["load_average_start"]) == 3 and env["torch"] == torch.__version__
+    assert (
+        env["transport"].startswith("tcp (loopback")
+        and env["baseline_transport"] == env["transport"]
+    )
+    assert "--nproc 2 --quick" in env["command"] and env["hostname"] and env["date"]
+    mem = doc["memory_bandwidth"]
+    for key in ("copy_1p_GBps", "add_1p_GBps", "copy_np_GBps", "add_np_GBps"):
+        assert mem[key] > 0, key
+    settings = doc["settings"]
+    assert settings["sizes"] == [8, 256, 8192, 262144] and settings["iters"] == 3
+    rows = doc["results"]
+    assert [r["op"] for r in rows if r["op"] in ("barrier", "sendrecv")] == ["sendrecv"] * 4 + [
+        "barrier"
+    ]
+    assert {r["op"] for r in rows} == set(ALL_OPS)
+    for row in rows:
+        spec = OPS[row["op"]]
+        where = f"{row['op']} {row['size']}"
+        assert row["busbw_factor"] == pytest.approx(spec.busbw_factor(2)), where
+        for key, in_place in (("out_of_place", False), ("in_place", True)):
+            cell = row[key]
+            if in_place not in spec.placements:
+                assert cell is None, where
+                continue
+            for impl in ("ours", "gloo", "ours_fr_off"):
+                stats = cell[impl]
+                assert stats["iters"] == 3, where
+                assert 0 < stats["min_us"] <= stats["p50_us"] <= stats["p99_us"], where
+                assert stats["wrong"] == (0 if spec.sized else None), where
+                if row["size"]:
+                    expected_alg = row["size"] / (stats["p50_us"] * 1e-6) / 1e9
+                    assert stats["algbw_GBps"] == pytest.approx(expected_alg), where
+                    assert stats["busbw_GBps"] == pytest.approx(
+                        expected_alg * row["busbw_factor"]
+                    ), where
+            assert cell["ratio"] == pytest.approx(
+                cell["gloo"]["p50_us"] / cell["ours"]["p50_us"]
+            ), where
+            assert cell["fr_overhead_us"] == pytest.approx(
+                cell["ours"]["p50_us"] - cell["ours_fr_off"]["p50_us"]
+            ), where
+            if row["size"]:
+                assert cell["pct_ceiling"] == pytest.approx(
+                    100 * cell["ours"]["algbw_GBps"] / cell["ceiling_algbw_GBps"]
+                ), where
+
+
+def test_corrupted_result_reports_wrong_and_fails(tmp_path: Any) -> None:
+    path = tmp_path / "bad.json"
+    proc = _bench(
+        [
+            "--nproc",
+            "2",
+            "--quick",
+            "--op",
+            "all_reduce,all_gather",
+            "-e",
+            "8K",
+            "--json",
+            str(path),
+        ],
+        env={"TORCHCOMM_BENCH_CORRUPT": "1"},
+    )
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "# Out of bounds values : 0 OK" not in proc.stdout
+    assert "FAILED" in proc.stdout
+    doc = json.loads(path.read_text())
+    assert doc["ok"] is False and doc["wrong_total"] > 0
+    for row in doc["results"]:
+        for key in ("out_of_place", "in_place"):
+            # corrupted once before and once after timing, on one rank
+            assert row[key]["ours"]["wrong"] == 2, (row["op"], row["size"], key)
+
+
+def test_bad_arguments_exit_2_before_spawning() -> None:
+    proc = _bench(["--nproc", "2", "--op", "nope"], timeout=60.0)
+    assert proc.returncode == 2
+    assert "unknown op 'nope'" in proc.stderr
+
+
+def test_under_torchrun(tmp_path: Any) -> None:
+    path = tmp_path / "tr.json"
+    proc = run_torchrun(
+        [
+            "-m",
+            "torchcomms.bench",
+            "--quick",
+            "--op",
+            "all_reduce,sendrecv",
+            "-e",
+            "256",
+            "--vs",
+            "gloo",
+            "--json",
+            str(path),
+        ],
+        nproc=2,
+    )
+    assert proc.returncode == 0, proc.stdout
+    doc = json.loads(path.read_text())
+    assert doc["ok"] and doc["env"]["world_size"] == 2
+    assert [(r["op"], r["size"]) for r in doc["results"]] == [
+        ("all_reduce", 8),
+        ("all_reduce", 256),
+        ("sendrecv", 8),
+        ("sendrecv", 256),
+    ]
