@@ -438,8 +438,8 @@ def _ceiling_text(spec: OpSpec, size: int, mem_bw: float | None) -> str:
     procs = "1 proc" if spec.time_divisor > 1 else f"{size} procs"
     ceiling = metrics.ceiling_algbw(mem_bw, spec.traffic(size))
     return (
-        f"memory-bound ceiling algbw = B/({spec.traffic_text}) with B = copy bandwidth "
-        f"({procs}) = {ceiling:.3f} GB/s"
+        f"memory-bound ceiling algbw = B/({spec.traffic_text}) = {ceiling:.3f} GB/s, with "
+        f"B = copy bandwidth ({procs}) = {mem_bw:.2f} GB/s"
     )
 
 
