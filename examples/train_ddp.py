@@ -10,6 +10,7 @@ destroy_process_group.  ``--out PATH`` writes rank 0's losses and final paramete
 from __future__ import annotations
 
 import argparse
+import gc
 
 import torch
 import torch.distributed as dist
@@ -45,6 +46,10 @@ def main() -> None:
         print(f"DDP on {backend}: {world} ranks, losses {[round(v, 6) for v in losses]}")
         if args.out:
             write_result(args.out, losses, model.module.state_dict())
+    # Drop everything that holds the process group before destroying it: a gloo group
+    # destroyed during interpreter teardown can abort the process (plain gloo, switch off).
+    del model, opt
+    gc.collect()
     dist.destroy_process_group()
 
 

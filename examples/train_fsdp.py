@@ -14,6 +14,7 @@ torchcomms communicators (a world comm split into the mesh's rows and columns) w
 from __future__ import annotations
 
 import argparse
+import gc
 
 import torch
 import torch.distributed as dist
@@ -95,6 +96,10 @@ def main() -> None:
         print(f"FSDP2 on {backend}: {kind}, losses {[round(v, 6) for v in losses]}")
         if args.out:
             write_result(args.out, losses, full)
+    # Drop everything that holds the process group before destroying it: a gloo group
+    # destroyed during interpreter teardown can abort the process (plain gloo, switch off).
+    del model, opt, mesh, dp_mesh
+    gc.collect()
     dist.destroy_process_group()
 
 
