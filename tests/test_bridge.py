@@ -1312,3 +1312,38 @@ def test_unsupported_process_group_calls_raise_clear_errors() -> None:
     pg.shutdown()
     pg.shutdown()  # idempotent
     assert comm._finalized
+
+
+def test_bridge_argument_errors() -> None:
+    """Bad arguments to the wrapper and to torchcomms.device_mesh fail before anything is sent."""
+    from torch._C import _distributed_c10d as c10d
+
+    from torchcomms import new_comm
+    from torchcomms._comms import _BackendWrapper
+    from torchcomms.device_mesh import init_device_mesh
+
+    with pytest.raises(TypeError, match="_BackendWrapper expects a TorchComm, got object"):
+        _BackendWrapper(object())  # type: ignore[arg-type]
+    comm = new_comm("fake", torch.device("cpu"), name="bad_args")
+    pg = _BackendWrapper(comm)
+    t = torch.ones(2)
+    with pytest.raises(TypeError, match="expected AllreduceOptions, got BroadcastOptions"):
+        pg.allreduce([t], c10d.BroadcastOptions())
+    with pytest.raises(RuntimeError, match="allgather_coalesced: 2 output lists for 1 inputs"):
+        pg.allgather_coalesced([[t], [t]], [t])
+    from torchcomms._backend_wrapper import _even_splits
+
+    assert _even_splits(torch.ones(4, 2), 2) == [2, 2]  # one split list given: the other even
+    with pytest.raises(RuntimeError, match="3 rows cannot be split evenly across 2 ranks"):
+        _even_splits(torch.ones(3), 2)
+    with pytest.raises(RuntimeError, match="_end_coalescing without _start_coalescing"):
+        pg._end_coalescing()
+    pg._start_coalescing()
+    with pytest.raises(RuntimeError, match="already coalescing"):
+        pg._start_coalescing()
+    assert pg._end_coalescing().wait()  # an empty coalesced batch completes at once
+    with pytest.raises(ValueError, match="mesh_dim_comms must not be empty"):
+        init_device_mesh((), ())
+    with pytest.raises(ValueError, match="mesh_dim_names must be unique"):
+        init_device_mesh((comm, comm), ("dp", "dp"))
+    pg.shutdown()

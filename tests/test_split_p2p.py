@@ -691,3 +691,32 @@ def test_hints_and_timeout_accepted_by_every_op() -> None:
     done = [sorted(d) for d in run_ranks(_every_op_with_options, 4, timeout=TIMEOUT)]
     assert all(d == done[0] for d in done)
     assert len(done[0]) == 2 * 19 + 1
+
+
+def _tag_hints(ctx: RankContext) -> list[float]:
+    """The gloo ``tag`` hint: tagged messages match by tag; a bad tag is refused up front."""
+    from torchcomms import CommValidationError
+
+    comm = new_comm("gloo", torch.device("cpu"), name="tags", store=ctx.store)
+    peer = 1 - ctx.rank
+    for bad, message in (("x", "must be an integer, got 'x'"), ("-1", "must be >= 0, got -1")):
+        with pytest.raises(CommValidationError, match=message):
+            comm.send(torch.ones(1), peer, False, hints={"tag": bad})
+    got = []
+    if ctx.rank == 0:
+        works = [comm.send(torch.tensor([float(v)]), 1, True, hints={"tag": str(v)}) for v in (1, 2)]
+        for w in works:
+            w.wait()
+    else:
+        second, first = torch.zeros(1), torch.zeros(1)
+        w2 = comm.recv(second, 0, True, hints={"tag": "2"})  # posted first, matches tag 2
+        w1 = comm.recv(first, 0, True, hints={"tag": "1"})
+        w2.wait()
+        w1.wait()
+        got = [first.item(), second.item()]
+    comm.finalize()
+    return got
+
+
+def test_tag_hint_matches_by_tag_and_rejects_bad_tags() -> None:
+    assert run_ranks(_tag_hints, 2, timeout=60.0)[1] == [1.0, 2.0]

@@ -381,7 +381,7 @@ class _BackendWrapper(c10d.ProcessGroup):
             output_lists, inputs = [output_lists], [inputs]
         opts = _options(c10d.AllgatherOptions, opts, timeout)
         t = _single(inputs, "allgather")
-        outputs = _single_list(output_lists, "allgather")
+        outputs = _single_list(output_lists)
         timeout = self._timeout(opts)
         if _aliased(outputs):
             # Outputs sharing storage cannot be written per rank; stage through one buffer.
@@ -449,7 +449,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         opts = _options(c10d.GatherOptions, opts, timeout)
         t = _single(inputs, "gather")
         root = opts.rootRank
-        outputs = _single_list(output_lists, "gather") if self.rank() == root else []
+        outputs = _single_list(output_lists) if self.rank() == root else []
         timeout = self._timeout(opts)
         work = self._comm.gather(outputs, t, root, self._async(opts), timeout=timeout)
         return self._wrap([work], outputs, timeout)
@@ -464,7 +464,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         opts = _options(c10d.ScatterOptions, opts, timeout)
         t = _single(outputs, "scatter")
         root = opts.rootRank
-        inputs = _single_list(input_lists, "scatter") if self.rank() == root else []
+        inputs = _single_list(input_lists) if self.rank() == root else []
         timeout = self._timeout(opts)
         work = self._comm.scatter(t, inputs, root, self._async(opts), timeout=timeout)
         return self._wrap([work], [t], timeout)
@@ -478,7 +478,7 @@ class _BackendWrapper(c10d.ProcessGroup):
             opts, op = None, opts
         opts = _options(c10d.ReduceScatterOptions, opts, timeout, reduceOp=_c10d_op(op))
         t = _single(outputs, "reduce_scatter")
-        inputs = _single_list(input_lists, "reduce_scatter")
+        inputs = _single_list(input_lists)
         timeout = self._timeout(opts)
         work = self._comm.reduce_scatter(
             t, inputs, _reduce_op(opts.reduceOp), self._async(opts), timeout=timeout
@@ -693,7 +693,7 @@ def _tag(tag: int) -> dict[str, str]:
     return {"tag": str(int(tag))}
 
 
-def _single_list(lists: Any, what: str) -> list[torch.Tensor]:
+def _single_list(lists: Any) -> list[torch.Tensor]:
     if len(lists) != 1:
         raise RuntimeError(f"Only single tensor supported, but got {len(lists)} tensors")
     return list(lists[0])
