@@ -370,10 +370,8 @@ def test_smoke_two_ranks_quick_json(tmp_path: Any) -> None:
     assert env["world_size"] == 2 and env["usable_cores"] >= 1 and env["cpu_count"] >= 1
     assert isinstance(env["oversubscribed"], bool) and env["cpu_model"]
     assert len(env["load_average_start"]) == 3 and env["torch"] == torch.__version__
-    assert (
-        env["transport"].startswith("tcp (loopback")
-        and env["baseline_transport"] == env["transport"]
-    )
+    assert env["transport"].startswith("shm (2 ranks on this host"), env["transport"]
+    assert env["baseline_transport"].startswith("tcp (loopback"), env["baseline_transport"]
     assert "--nproc 2 --quick" in env["command"] and env["hostname"] and env["date"]
     mem = doc["memory_bandwidth"]
     for key in ("copy_1p_GBps", "add_1p_GBps", "copy_np_GBps", "add_np_GBps"):

@@ -207,21 +207,25 @@ def test_explicit_store_persistent_and_bootstrap_only() -> None:
 
 
 def _locality_cases(ctx: RankContext) -> list[str]:
-    """One host: loopback. Simulated hosts (TORCHCOMM_HOST_ID): gloo's default interface."""
+    """One host: shm (or loopback TCP when forced). Simulated hosts: gloo's default interface."""
     local = _gloo("one_host", store=ctx.store)
+    local_tcp = _gloo("one_host_tcp", store=ctx.store, hints={"transport": "tcp"})
     os.environ["TORCHCOMM_HOST_ID"] = f"host{ctx.rank % 2}"  # the harness restores the env
     spread = _gloo("two_hosts", store=ctx.store)
     _sum_check(spread, 1, "simulated two-host comm")
     _sum_check(local, 2, "single-host comm")
-    transports = [c.get_backend_impl().transport for c in (local, spread)]  # type: ignore[attr-defined]
-    for comm in (local, spread):
+    _sum_check(local_tcp, 3, "single-host comm over tcp")
+    comms = (local, local_tcp, spread)
+    transports = [c.get_backend_impl().transport for c in comms]  # type: ignore[attr-defined]
+    for comm in comms:
         comm.finalize()
     return transports
 
 
-def test_host_identity_selects_loopback_or_default_interface() -> None:
-    for local, spread in run_ranks(_locality_cases, 2, timeout=120):
-        assert local == "tcp (loopback: all ranks on this host)", local
+def test_host_identity_selects_shm_loopback_or_default_interface() -> None:
+    for local, local_tcp, spread in run_ranks(_locality_cases, 2, timeout=120):
+        assert local.startswith("shm (2 ranks on this host"), local
+        assert local_tcp == "tcp (loopback: all ranks on this host)", local_tcp
         assert spread == "tcp (default interface: 2 hosts)", spread
 
 

@@ -83,6 +83,7 @@ class TorchComm:
         self._pre_hooks: dict[int, PreHook] = {}
         self._post_hooks: dict[int, PostHook] = {}
         self._abort_hooks: dict[int, AbortHook] = {}
+        self._checkers: dict[str, Checker] = {}
         self._native = bool(getattr(impl, "_native", False))
         self._impl_name = type(impl).__name__
         self._observers: tuple[OpObserver, ...] = ()
@@ -187,8 +188,9 @@ class TorchComm:
         return RemovableHandle(table, key)
 
     def _run_pre_hooks(self, name: OpName, op_id: int, args: Any) -> None:
-        for hook in list(self._pre_hooks.values()):
-            hook(name, op_id, args)
+        if self._pre_hooks:
+            for hook in list(self._pre_hooks.values()):
+                hook(name, op_id, args)
 
     def _run_post_hooks(self, op_id: int, args: Any) -> None:
         for hook in list(self._post_hooks.values()):
@@ -205,14 +207,18 @@ class TorchComm:
                 f"{self._prefix(op)}{self._impl_name} not initialized (the communicator was "
                 "finalized)"
             )
-        return Checker(
-            functools.partial(self._prefix, op),
-            self.get_rank(),
-            self.get_size(),
-            self._device,
-            self._impl.supported_dtypes(),
-            self._impl._self_p2p_allowed,
-        )
+        checker = self._checkers.get(op)
+        if checker is None:  # rank, size and dtypes are fixed for a comm's life: build once
+            checker = Checker(
+                functools.partial(self._prefix, op),
+                self.get_rank(),
+                self.get_size(),
+                self._device,
+                self._impl.supported_dtypes(),
+                self._impl._self_p2p_allowed,
+            )
+            self._checkers[op] = checker
+        return checker
 
     def _resolve_timeout(self, timeout: timedelta | None, op: str, hints: Any = None) -> timedelta:
         """The op's timeout (the comm's default when unset); also type-checks ``hints``."""
@@ -252,14 +258,15 @@ class TorchComm:
         def call() -> TorchWork:
             if self._native:
                 assert method is not None
-                return method(*args, OpOptions(resolved, dict(hints or {}), name.name, op_id))
+                return method(*args, OpOptions(resolved, dict(hints) if hints else {}, name.name, op_id))
             if plugin is not None:
                 return _wrap_plugin_result(plugin())
             assert method is not None
             return _wrap_plugin_result(method(*args))
 
         work = self._observed(name, op_id, pre_args, resolved, call, args)
-        self._run_post_hooks(op_id, hook_args.CollectivePostHookArgs(work))
+        if self._post_hooks:
+            self._run_post_hooks(op_id, hook_args.CollectivePostHookArgs(work))
         return work
 
     def _observed(
@@ -833,6 +840,7 @@ class TorchComm:
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> TorchWork:
+        self._checkers.clear()  # rank and size may change
         work = self._impl.reconfigure(uuid, init_handles, timeout, hints)
         if isinstance(work, TorchWork):
             work.wait_blocking()

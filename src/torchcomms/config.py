@@ -160,3 +160,104 @@ def log_json_path() -> str | None:
 def check_collectives() -> bool:
     """``TORCHCOMM_CHECK_COLLECTIVES``: compare every collective's fingerprint across ranks."""
     return env_bool("TORCHCOMM_CHECK_COLLECTIVES", False)
+
+
+# -- transport (CPU backend) ---------------------------------------------------------------------
+TRANSPORTS = ("auto", "shm", "tcp")
+SHM_SLOT_BYTES_DEFAULT = 4 << 20
+SHM_ONESHOT_MAX_DEFAULT = 64 << 10
+_UNITS = {
+    "": 1,
+    "K": 1 << 10,
+    "KB": 1 << 10,
+    "KIB": 1 << 10,
+    "M": 1 << 20,
+    "MB": 1 << 20,
+    "MIB": 1 << 20,
+    "G": 1 << 30,
+    "GB": 1 << 30,
+    "GIB": 1 << 30,
+}
+
+
+def transport(hint: str | None) -> str:
+    """Hint ``transport``, else ``TORCHCOMM_TRANSPORT``, else ``auto`` (one of TRANSPORTS)."""
+    source = "hint transport" if hint is not None else "TORCHCOMM_TRANSPORT"
+    raw = hint if hint is not None else os.environ.get("TORCHCOMM_TRANSPORT")
+    value = (raw or "auto").strip().lower()
+    if value not in TRANSPORTS:
+        raise RuntimeError(
+            f"Invalid value for {source}: {raw!r} (expected one of {', '.join(TRANSPORTS)})"
+        )
+    return value
+
+
+def parse_bytes(source: str, raw: str) -> int:
+    """``4194304``, ``4M``, ``64KiB`` ... as a byte count."""
+    text = raw.strip().upper()
+    digits = text.rstrip("KMGIB")
+    unit = text[len(digits) :]
+    try:
+        value = int(digits) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise RuntimeError(
+            f"Invalid value for {source}: {raw!r} (expected a byte count such as 4194304 or 4M)"
+        ) from None
+    if value < 0:
+        raise RuntimeError(f"Invalid value for {source}: {raw!r} (must not be negative)")
+    return value
+
+
+def _bytes_setting(
+    hint_name: str, env_name: str, hint: str | None, default: int | None
+) -> int | None:
+    if hint is not None:
+        return parse_bytes(f"hint {hint_name}", hint)
+    raw = os.environ.get(env_name)
+    if raw is None or raw.strip() == "":
+        return default
+    return parse_bytes(env_name, raw)
+
+
+def _page_multiple(source: str, value: int) -> int:
+    if value < 4096 or value % 4096:
+        raise RuntimeError(
+            f"Invalid value for {source}: {value} (must be a multiple of 4096, at least 4096)"
+        )
+    return value
+
+
+def shm_slot_bytes(hint: str | None) -> int:
+    """Per-rank data slot of the shm transport (hint ``shm_slot_bytes`` / ``TORCHCOMM_SHM_SLOT_BYTES``)."""
+    value = _bytes_setting(
+        "shm_slot_bytes", "TORCHCOMM_SHM_SLOT_BYTES", hint, SHM_SLOT_BYTES_DEFAULT
+    )
+    assert value is not None
+    return _page_multiple("shm slot bytes", value)
+
+
+def shm_pair_bytes(hint: str | None) -> int | None:
+    """Point-to-point ring slot (hint ``shm_pair_bytes`` / ``TORCHCOMM_SHM_PAIR_BYTES``); None: by size."""
+    value = _bytes_setting("shm_pair_bytes", "TORCHCOMM_SHM_PAIR_BYTES", hint, None)
+    return None if value is None else _page_multiple("shm pair bytes", value)
+
+
+def shm_oneshot_max(hint: str | None) -> int:
+    """Largest all_reduce/reduce done one-shot (``TORCHCOMM_SHM_ONESHOT_MAX_BYTES``)."""
+    value = _bytes_setting(
+        "shm_oneshot_max", "TORCHCOMM_SHM_ONESHOT_MAX_BYTES", hint, SHM_ONESHOT_MAX_DEFAULT
+    )
+    assert value is not None
+    return value
+
+
+HIER_SMALL_MAX_DEFAULT = 1 << 20  # measured: the simulated 2 x 2 world
+
+
+def hier_small_max(hint: str | None) -> int:
+    """Largest hierarchical all_reduce done leader-based (``TORCHCOMM_HIER_SMALL_MAX_BYTES``)."""
+    value = _bytes_setting(
+        "hier_small_max", "TORCHCOMM_HIER_SMALL_MAX_BYTES", hint, HIER_SMALL_MAX_DEFAULT
+    )
+    assert value is not None
+    return value

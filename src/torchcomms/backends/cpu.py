@@ -30,9 +30,14 @@ import torch
 import torch._C._distributed_c10d as c10d
 
 from torchcomms import bootstrap, config
+from torchcomms.backends import cpu_hier, cpu_shm
+from torchcomms.backends._host import on_host as _on_host
+from torchcomms.backends._host import overlaps as _overlaps
 from torchcomms.backends.base import TorchCommBackend
 from torchcomms.bootstrap import CommStore
 from torchcomms.errors import (
+    CollectiveMismatchError,
+    CommAbortedError,
     CommError,
     CommStateError,
     CommTimeoutError,
@@ -40,6 +45,8 @@ from torchcomms.errors import (
     PeerFailureError,
 )
 from torchcomms.executor import Completion, OpExecutor
+from torchcomms.transport import shm_segment
+from torchcomms.transport.shm_channel import STATE_FAILED, STATE_FINALIZED, ShmWaitError
 from torchcomms.types import CommOptions, OpOptions, P2POp, P2POpType, RedOpType, ReduceOp
 from torchcomms.work import AsyncWork, CompletedWork, TorchWork
 
@@ -102,32 +109,11 @@ def _tag_hint(hints: dict[str, str]) -> int | None:
     return tag
 
 
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two contiguous CPU tensors share any byte."""
-    if a.numel() == 0 or b.numel() == 0:
-        return False
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
-
-
 def _ranks_text(ranks: Sequence[int]) -> str:
     unique = sorted(set(ranks))
     return f"peer rank{'s' if len(unique) > 1 else ''} {', '.join(map(str, unique))}"
 
 
-def _process_alive(pid: int) -> bool:
-    """Whether ``pid`` runs on this host (a zombie, killed but not yet reaped, counts as dead)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 _PEER_MARKERS = (
     "connection closed by peer",
     "connection reset",
@@ -187,6 +173,8 @@ class TorchCommGloo(TorchCommBackend):
         self._rank = -1
         self._size = -1
         self._pg: Any = None
+        self._shm: cpu_shm.ShmOps | None = None
+        self._hier: cpu_hier.HierOps | None = None  # several hosts: shm inside, gloo between
         self._store: CommStore | None = None
         self._peers: list[tuple[str, int]] = []  # (host identity, pid) per comm rank
         self._executor: OpExecutor | None = None
@@ -227,15 +215,42 @@ class TorchCommGloo(TorchCommBackend):
         self._timeout = options.timeout
         self._hints = dict(options.hints)
         self._store = store
-        gloo_opts = c10d.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
-        gloo_opts._timeout = options.timeout
         self._peers = self._exchange_identities(store.store)
-        device_desc, gloo_device = self._gloo_device(options.hints)
-        gloo_opts._devices = [gloo_device]
-        self.transport = f"tcp ({device_desc})"
-        self._pg = c10d.ProcessGroupGloo(
-            c10d.PrefixStore("gloo", store.store), rank, size, gloo_opts
-        )
+        if self._use_shm(config.transport(options.hints.get("transport"))):
+            self._shm = cpu_shm.connect(
+                c10d.PrefixStore("shm", store.store),
+                rank,
+                size,
+                [pid for _, pid in self._peers],
+                options.hints,
+                options.timeout,
+                f"comm={name}",
+            )
+            self.transport = self._shm.describe()
+        else:
+            gloo_opts = c10d.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+            gloo_opts._timeout = options.timeout
+            device_desc, gloo_device = self._gloo_device(options.hints)
+            gloo_opts._devices = [gloo_device]
+            self.transport = f"tcp ({device_desc})"
+            self._pg = c10d.ProcessGroupGloo(
+                c10d.PrefixStore("gloo", store.store), rank, size, gloo_opts
+            )
+            mode = config.transport(options.hints.get("transport"))
+            if mode != "tcp" and cpu_hier.wanted(self._peers) and not cpu_shm.unsupported_reason():
+                # all_reduce/broadcast/barrier: shm inside each host, gloo between hosts.
+                self._hier = cpu_hier.connect(
+                    store.store,
+                    rank,
+                    self._peers,
+                    options.hints,
+                    options.timeout,
+                    gloo_device,
+                    device_desc,
+                    _c10d_op,
+                    f"comm={name}",
+                )
+                self.transport = self._hier.describe()
         self._executor = OpExecutor(name)
         _live.add(self)
         logger.debug(
@@ -244,8 +259,29 @@ class TorchCommGloo(TorchCommBackend):
             rank,
             size,
             self.transport,
-            extra={"comm": name, "rank": rank, "size": size, "transport": "tcp"},
+            extra={"comm": name, "rank": rank, "size": size, "transport": self.transport},
         )
+
+    def _use_shm(self, mode: str) -> bool:
+        """Shared memory when every member shares this host (``tcp`` forces gloo)."""
+        if mode == "tcp":
+            return False
+        me = self._peers[self._rank][0]
+        local = all(host == me for host, _ in self._peers)
+        reason = cpu_shm.unsupported_reason()
+        if mode == "shm":
+            if reason is not None:
+                raise CommError(
+                    f"[TorchCommGloo comm={self._name} rank={self._rank}] transport=shm "
+                    f"requested but unavailable: {reason}"
+                )
+            if not local:
+                hosts = len({host for host, _ in self._peers})
+                raise CommError(
+                    f"[TorchCommGloo comm={self._name} rank={self._rank}] transport=shm "
+                    f"requested but the members span {hosts} hosts; use auto or tcp"
+                )
+        return local and reason is None
 
     def _exchange_identities(self, store: c10d.Store) -> list[tuple[str, int]]:
         """Every member's (host identity, pid), in comm rank order, through the store."""
@@ -264,7 +300,7 @@ class TorchCommGloo(TorchCommBackend):
         return [
             r
             for r, (host, pid) in enumerate(self._peers)
-            if r != self._rank and host == me and not _process_alive(pid)
+            if r != self._rank and host == me and not shm_segment.process_alive(pid)
         ]
 
     def _gloo_device(self, hints: dict[str, str]) -> tuple[str, Any]:
@@ -297,6 +333,12 @@ class TorchCommGloo(TorchCommBackend):
         if executor is not None:
             executor.close(join_timeout_s)
         self._pg = None
+        hier, self._hier = self._hier, None
+        if hier is not None:
+            hier.close(STATE_FAILED if self._poison is not None else STATE_FINALIZED)
+        shm, self._shm = self._shm, None
+        if shm is not None:
+            shm.close(STATE_FAILED if self._poison is not None else STATE_FINALIZED)
         if self._store is not None:
             self._store.close()
         self._store = None
@@ -385,10 +427,15 @@ class TorchCommGloo(TorchCommBackend):
             return finish
 
         if not async_op:
-            executor.drain(timeout.total_seconds())
-            completion = guarded()
-            if completion is not None:
-                completion()
+            if executor._unfinished:
+                executor.drain(timeout.total_seconds())
+            self._check_healthy(opts)
+            try:
+                completion = body(_Deadline(timeout))
+                if completion is not None:
+                    completion()
+            except BaseException as exc:
+                raise self._translate(exc, opts, peers) from exc
             return CompletedWork()
         self._check_healthy(opts)  # fail at issue when already poisoned; guarded() re-checks
         work = AsyncWork(self._prefix(opts).rstrip(": "), timeout.total_seconds())
@@ -414,6 +461,8 @@ class TorchCommGloo(TorchCommBackend):
         """
         if isinstance(exc, CommError):
             return exc
+        if isinstance(exc, ShmWaitError):
+            return self._poisoned(self._shm_error(exc, opts))
         if not isinstance(exc, RuntimeError):
             return exc
         text = str(exc)
@@ -437,9 +486,31 @@ class TorchCommGloo(TorchCommBackend):
         else:
             who = _ranks_text(peers) if peers else "a peer"
             error = PeerFailureError(self._prefix(opts) + f"{who} failed ({text.strip()})")
+        return self._poisoned(error)
+
+    def _shm_error(self, exc: ShmWaitError, opts: OpOptions) -> CommError:
+        prefix = self._prefix(opts)
+        if exc.kind == "timeout":
+            return CommTimeoutError(
+                prefix + f"timed out after {opts.timeout.total_seconds():g} s {exc}"
+            )
+        if exc.kind in ("dead", "peer_failed"):
+            return PeerFailureError(prefix + str(exc))
+        if exc.kind == "mismatch":
+            return CollectiveMismatchError(prefix + str(exc))
+        return CommAbortedError(prefix + str(exc))
+
+    def _poisoned(self, error: CommError) -> CommError:
+        """Record the first failure; shm peers see this rank's failed state and stop waiting."""
         with self._poison_lock:
             if self._poison is None:
                 self._poison = error
+                shm = self._shm
+                if shm is not None:
+                    shm.chan.set_state(STATE_FAILED)
+                hier = self._hier
+                if hier is not None:
+                    hier.fail()
         return error
 
     def _pg_checked(self) -> Any:
@@ -473,6 +544,13 @@ class TorchCommGloo(TorchCommBackend):
     def all_reduce(
         self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, options: OpOptions
     ) -> TorchWork:
+        shm = self._shm
+        if shm is not None:
+            return self._run(options, async_op, lambda d: shm.all_reduce(tensor, op, d.end))
+        hier = self._hier
+        if hier is not None:
+            return self._run(options, async_op, lambda d: hier.all_reduce(tensor, op, d.end))
+
         def body(deadline: _Deadline) -> None:
             if tensor.numel() == 0:
                 return
@@ -484,6 +562,10 @@ class TorchCommGloo(TorchCommBackend):
     def reduce(
         self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool, options: OpOptions
     ) -> TorchWork:
+        shm = self._shm
+        if shm is not None:
+            return self._run(options, async_op, lambda d: shm.reduce(tensor, root, op, d.end))
+
         def body(deadline: _Deadline) -> None:
             if tensor.numel() == 0:
                 return
@@ -508,6 +590,13 @@ class TorchCommGloo(TorchCommBackend):
     def broadcast(
         self, tensor: torch.Tensor, root: int, async_op: bool, options: OpOptions
     ) -> TorchWork:
+        shm = self._shm
+        if shm is not None:
+            return self._run(options, async_op, lambda d: shm.broadcast(tensor, root, d.end))
+        hier = self._hier
+        if hier is not None:
+            return self._run(options, async_op, lambda d: hier.broadcast(tensor, root, d.end))
+
         def body(deadline: _Deadline) -> None:
             if tensor.numel() == 0:
                 return
@@ -531,6 +620,12 @@ class TorchCommGloo(TorchCommBackend):
         async_op: bool,
         options: OpOptions,
     ) -> TorchWork:
+        shm = self._shm
+        if shm is not None:
+            return self._run(
+                options, async_op, lambda d: shm.all_gather_list(tensor_list, tensor, d.end)
+            )
+
         def body(deadline: _Deadline) -> None:
             if tensor.numel() == 0:
                 return
@@ -553,6 +648,10 @@ class TorchCommGloo(TorchCommBackend):
     def all_gather_single(
         self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
     ) -> TorchWork:
+        shm = self._shm
+        if shm is not None:
+            return self._run(options, async_op, lambda d: shm.all_gather_flat(output, input, d.end))
+
         def body(deadline: _Deadline) -> None:
             if input.numel() == 0:
                 return
@@ -568,6 +667,12 @@ class TorchCommGloo(TorchCommBackend):
         async_op: bool,
         options: OpOptions,
     ) -> TorchWork:
+        shm = self._shm
+        if shm is not None:
+            return self._run(
+                options, async_op, lambda d: shm.all_gather_v(tensor_list, tensor, d.end)
+            )
+
         def body(deadline: _Deadline) -> None:
             for root in range(self._size):
                 target = tensor_list[root]
@@ -588,6 +693,14 @@ class TorchCommGloo(TorchCommBackend):
         async_op: bool,
         options: OpOptions,
     ) -> TorchWork:
+        shm = self._shm
+        if shm is not None:
+            return self._run(
+                options,
+                async_op,
+                lambda d: shm.gather(output_tensor_list, input_tensor, root, d.end),
+            )
+
         def body(deadline: _Deadline) -> None:
             if input_tensor.numel() == 0:
                 return
@@ -623,6 +736,16 @@ class TorchCommGloo(TorchCommBackend):
         async_op: bool,
         options: OpOptions,
     ) -> TorchWork:
+        shm = self._shm
+        if shm is not None:
+
+            def shm_body(d: _Deadline) -> None:
+                assert shm is not None
+                outs = list(output.view(-1).chunk(self._size)) if self._rank == root else []
+                shm.gather(outs, input, root, d.end)
+
+            return self._run(options, async_op, shm_body)
+
         def body(deadline: _Deadline) -> None:
             if input.numel() == 0:
                 return
@@ -639,6 +762,14 @@ class TorchCommGloo(TorchCommBackend):
         async_op: bool,
         options: OpOptions,
     ) -> TorchWork:
+        shm = self._shm
+        if shm is not None:
+            return self._run(
+                options,
+                async_op,
+                lambda d: shm.scatter(output_tensor, input_tensor_list, root, d.end),
+            )
+
         def body(deadline: _Deadline) -> None:
             if output_tensor.numel() == 0:
                 return
@@ -664,6 +795,12 @@ class TorchCommGloo(TorchCommBackend):
         async_op: bool,
         options: OpOptions,
     ) -> TorchWork:
+        shm = self._shm
+        if shm is not None:
+            return self._run(
+                options, async_op, lambda d: shm.reduce_scatter_v(output, input_list, op, d.end)
+            )
+
         def body(deadline: _Deadline) -> None:
             if output.numel() == 0:
                 return
@@ -697,6 +834,16 @@ class TorchCommGloo(TorchCommBackend):
         async_op: bool,
         options: OpOptions,
     ) -> TorchWork:
+        shm = self._shm
+        if shm is not None:
+            return self._run(
+                options,
+                async_op,
+                lambda d: shm.reduce_scatter(
+                    output, input.detach().to("cpu").reshape(-1), op, d.end
+                ),
+            )
+
         def body(deadline: _Deadline) -> None:
             if output.numel() == 0:
                 return
@@ -714,6 +861,12 @@ class TorchCommGloo(TorchCommBackend):
         async_op: bool,
         options: OpOptions,
     ) -> TorchWork:
+        shm = self._shm
+        if shm is not None:
+            return self._run(
+                options, async_op, lambda d: shm.reduce_scatter_v(output, input_list, op, d.end)
+            )
+
         def body(deadline: _Deadline) -> None:
             for root, chunk in enumerate(input_list):
                 if chunk.numel() == 0:
@@ -744,6 +897,12 @@ class TorchCommGloo(TorchCommBackend):
     def all_to_all_single(
         self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
     ) -> TorchWork:
+        shm = self._shm
+        if shm is not None:
+            return self._run(
+                options, async_op, lambda d: shm.all_to_all_flat(output, input, [], [], d.end)
+            )
+
         def body(deadline: _Deadline) -> None:
             if input.numel() == 0:
                 return
@@ -767,6 +926,12 @@ class TorchCommGloo(TorchCommBackend):
             in_row = input[0].numel() if input.dim() > 0 and input.shape[0] > 0 else 1
             out_elems = [s * out_row for s in output_split_sizes]
             in_elems = [s * in_row for s in input_split_sizes]
+            shm = self._shm
+            if shm is not None:
+                out_part = output.view(-1)[: sum(out_elems)]
+                in_part = input.reshape(-1)[: sum(in_elems)]
+                shm.all_to_all_flat(out_part, in_part, out_elems, in_elems, deadline.end)
+                return
             with _on_host(output) as host_out:
                 flat_out = host_out.view(-1)
                 flat_in = input.detach().to("cpu").reshape(-1)
@@ -795,7 +960,11 @@ class TorchCommGloo(TorchCommBackend):
             dtype = input_tensor_list[0].dtype
             flat_in = torch.cat([t.detach().to("cpu").reshape(-1) for t in input_tensor_list])
             flat_out = torch.empty(sum(out_elems), dtype=dtype)
-            self._alltoall_flat(flat_out, flat_in, out_elems, in_elems, deadline)
+            shm = self._shm
+            if shm is not None:
+                shm.all_to_all_flat(flat_out, flat_in, out_elems, in_elems, deadline.end)
+            else:
+                self._alltoall_flat(flat_out, flat_in, out_elems, in_elems, deadline)
             offset = 0
             for out, n in zip(output_tensor_list, out_elems, strict=True):
                 out.copy_(flat_out[offset : offset + n].view(out.shape))
@@ -804,6 +973,13 @@ class TorchCommGloo(TorchCommBackend):
         return self._run(options, async_op, body)
 
     def barrier(self, async_op: bool, options: OpOptions) -> TorchWork:
+        shm = self._shm
+        if shm is not None:
+            return self._run(options, async_op, lambda d: shm.barrier(d.end))
+        hier = self._hier
+        if hier is not None:
+            return self._run(options, async_op, lambda d: hier.barrier(d.end))
+
         def body(deadline: _Deadline) -> None:
             pg = self._pg_checked()
             o = c10d.BarrierOptions()
@@ -846,6 +1022,10 @@ class TorchCommGloo(TorchCommBackend):
             live = [op for op in ops if op.tensor.numel() > 0]
             if not live:
                 return None
+            shm = self._shm
+            if shm is not None:
+                posted = shm.post(live, user_tag)
+                return lambda: shm.complete(posted, deadline.end)
             completions = [self._post(op, deadline, user_tag) for op in live]
 
             def complete_all() -> None:
@@ -864,23 +1044,6 @@ class TorchCommGloo(TorchCommBackend):
 
     def batch_op_issue(self, ops: list[P2POp], async_op: bool, options: OpOptions) -> TorchWork:
         return self._p2p(list(ops), async_op, options)
-
-
-class _on_host:
-    """Yield a CPU contiguous view of ``tensor``; copy back on exit if it had to be staged."""
-
-    __slots__ = ("_host", "_tensor")
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self._tensor = tensor
-        self._host = tensor if tensor.device.type == "cpu" else tensor.detach().to("cpu")
-
-    def __enter__(self) -> torch.Tensor:
-        return self._host
-
-    def __exit__(self, *exc: object) -> None:
-        if self._host is not self._tensor and exc[0] is None:
-            self._tensor.copy_(self._host)
 
 
 def _hint_bool(hints: dict[str, str], key: str, default: bool) -> bool:

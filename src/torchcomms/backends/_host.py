@@ -1,0 +1,46 @@
+"""Helpers shared by the CPU backend's transports: host staging and AVG's final division."""
+
+from __future__ import annotations
+
+import torch
+
+from torchcomms.types import RedOpType, ReduceOp
+
+
+class on_host:
+    """Yield a CPU contiguous view of ``tensor``; copy back on exit if it had to be staged."""
+
+    __slots__ = ("_host", "_tensor")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self._tensor = tensor
+        self._host = tensor if tensor.device.type == "cpu" else tensor.detach().to("cpu")
+
+    def __enter__(self) -> torch.Tensor:
+        return self._host
+
+    def __exit__(self, *exc: object) -> None:
+        if self._host is not self._tensor and exc[0] is None:
+            self._tensor.copy_(self._host)
+
+
+def finish_average(tensor: torch.Tensor, op: ReduceOp, size: int) -> None:
+    """AVG is a sum divided by the member count (integers truncate, as torch does)."""
+    if op.type is RedOpType.AVG:
+        if tensor.is_floating_point():
+            tensor.div_(size)
+        else:
+            tensor.copy_(torch.div(tensor, size, rounding_mode="trunc"))
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous CPU tensors share any byte."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+def host_flat(tensor: torch.Tensor) -> torch.Tensor:
+    """A flat CPU view (or copy, for device tensors) of a contiguous tensor, for reading."""
+    return tensor.detach().to("cpu").reshape(-1)

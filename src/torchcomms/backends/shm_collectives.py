@@ -1,0 +1,539 @@
+"""Collective algorithms over a ``ShmChannel`` (every member on this host).
+
+Each collective is a sequence of rounds; every member runs the same rounds in the same
+order (round counts derive from sizes all members know, or, for all-to-all with
+per-rank splits, from a count every member publishes in the first round).  Per round a
+member copies its contribution into its own slot, publishes, waits for the slots it
+reads, and copies or reduces straight from the peers' slots with torch kernels:
+
+* all_reduce: one-shot up to ``oneshot_max`` bytes (every rank reduces every slot);
+  above it, per slot-sized chunk, reduce-scatter (rank ``r`` reduces shard ``r`` from
+  all slots into its next slot) then all-gather of the reduced shards;
+* reduce: the same two rounds, with only the root gathering;
+* broadcast / scatter: the root writes, the others read; gather the reverse;
+* all_gather, reduce_scatter and all_to_all move a column block of every rank's
+  contribution per round, as one strided copy or reduction when sizes are even.
+
+All tensors handed in are contiguous CPU tensors (the backend stages others).  The
+first round of every op carries a fingerprint of (op, dtype, sizes, root): a member that
+called something else raises instead of reading stale bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from torchcomms.transport.shm_channel import META0, ShmChannel
+from torchcomms.types import RedOpType, ReduceOp
+
+_DTYPE_CODES = {
+    dt: i
+    for i, dt in enumerate(
+        (
+            torch.float32,
+            torch.float64,
+            torch.float16,
+            torch.bfloat16,
+            torch.int8,
+            torch.uint8,
+            torch.int32,
+            torch.int64,
+            torch.bool,
+        )
+    )
+}
+
+(
+    _ALL_REDUCE,
+    _REDUCE,
+    _BROADCAST,
+    _ALL_GATHER,
+    _ALL_GATHER_V,
+    _GATHER,
+    _SCATTER,
+    _REDUCE_SCATTER,
+    _REDUCE_SCATTER_V,
+    _ALL_TO_ALL,
+    _ALL_TO_ALL_V,
+    _BARRIER,
+) = range(1, 13)
+
+# A one-shot all_reduce's fingerprint, own slot per parity and all-rank rows per parity.
+_Plan = tuple[int, tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+_ANY = (RedOpType.SUM, RedOpType.MAX, RedOpType.BOR, RedOpType.AVG, RedOpType.PREMUL_SUM)
+_ALL = (RedOpType.PRODUCT, RedOpType.MIN, RedOpType.BAND)
+
+
+def fingerprint(op: int, dtype: torch.dtype | None, *sizes: object) -> int:
+    """A 64-bit fingerprint, equal on every process for equal arguments (ints only)."""
+    code = -1 if dtype is None else _DTYPE_CODES[dtype]
+    return hash((op, code, *sizes))
+
+
+def reduce_rows(rows: torch.Tensor, out: torch.Tensor, op: ReduceOp) -> None:
+    """Reduce ``rows`` ([ranks, n], rank order) into ``out`` ([n]) with ``op``."""
+    t = op.type
+    if out.dtype is torch.bool:
+        if t in _ANY:
+            torch.any(rows, 0, out=out)
+        elif t in _ALL:
+            torch.all(rows, 0, out=out)
+        else:
+            _fold(rows, out, torch.bitwise_xor)
+        return
+    if t in (RedOpType.SUM, RedOpType.AVG, RedOpType.PREMUL_SUM):
+        torch.sum(rows, 0, dtype=out.dtype, out=out)
+    elif t is RedOpType.MAX:
+        torch.amax(rows, 0, out=out)
+    elif t is RedOpType.MIN:
+        torch.amin(rows, 0, out=out)
+    elif t is RedOpType.PRODUCT:
+        torch.prod(rows, 0, dtype=out.dtype, out=out)
+    elif t is RedOpType.BAND:
+        _fold(rows, out, torch.bitwise_and)
+    elif t is RedOpType.BOR:
+        _fold(rows, out, torch.bitwise_or)
+    elif t is RedOpType.BXOR:
+        _fold(rows, out, torch.bitwise_xor)
+    else:  # pragma: no cover - every RedOpType is handled above
+        raise RuntimeError(f"reduce op {t.name} is not implemented by the shm transport")
+
+
+def _fold(rows: torch.Tensor, out: torch.Tensor, fn: object) -> None:
+    out.copy_(rows[0])
+    for i in range(1, rows.shape[0]):
+        fn(out, rows[i], out=out)  # type: ignore[operator]
+
+
+def _store(dst: torch.Tensor, src: torch.Tensor, op: ReduceOp | None) -> None:
+    """Copy a contribution into a slot, pre-multiplied for PREMUL_SUM."""
+    if op is not None and op.type is RedOpType.PREMUL_SUM:
+        torch.mul(src, op.factor_value(), out=dst)
+    else:
+        dst.copy_(src)
+
+
+def _bounds(rank: int, shard: int, n: int) -> tuple[int, int]:
+    return min(rank * shard, n), min((rank + 1) * shard, n)
+
+
+class ShmCollectives:
+    """Every collective of the API over one channel (see the module docstring)."""
+
+    def __init__(self, chan: ShmChannel, oneshot_max: int) -> None:
+        self.chan = chan
+        self.oneshot_max = oneshot_max
+        self.rank = chan.rank
+        self.size = chan.size
+        self._oneshot_plans: dict[tuple[object, ...], _Plan | bool] = {}
+
+    # -- reductions --------------------------------------------------------------------------
+    def all_reduce(self, flat: torch.Tensor, op: ReduceOp, deadline: float) -> None:
+        """In place on ``flat`` (AVG is finished by the caller)."""
+        chan = self.chan
+        n = flat.numel()
+        dtype = flat.dtype
+        key = (dtype, n, op.type)
+        plan = self._oneshot_plans.get(key)
+        if plan is None:
+            plan = self._oneshot_plan(dtype, n, op)
+        if plan is not False:
+            self._oneshot_all_reduce(flat, op, plan, deadline)
+            return
+        fp = fingerprint(_ALL_REDUCE, dtype, n, op.type.value)
+        cap = chan.slot_capacity(dtype)
+        for start in range(0, n, cap):
+            chunk = flat[start : start + cap]
+            self._reduce_scatter_gather(chunk, op, fp if start == 0 else None, deadline, None)
+
+    def _oneshot_plan(self, dtype: torch.dtype, n: int, op: ReduceOp) -> _Plan | bool:
+        """Views and fingerprint of a one-shot all_reduce of this shape (False: too large)."""
+        chan = self.chan
+        plan: _Plan | bool = False
+        if n * dtype.itemsize <= self.oneshot_max and n <= chan.slot_capacity(dtype):
+            plan = (
+                fingerprint(_ALL_REDUCE, dtype, n, op.type.value),
+                (chan.slot(self.rank, 0, dtype, n), chan.slot(self.rank, 1, dtype, n)),
+                (chan.rows(0, dtype, n), chan.rows(1, dtype, n)),
+            )
+        if len(self._oneshot_plans) > 256:
+            self._oneshot_plans.clear()
+        self._oneshot_plans[(dtype, n, op.type)] = plan
+        return plan
+
+    def _oneshot_all_reduce(
+        self, flat: torch.Tensor, op: ReduceOp, plan: _Plan | bool, deadline: float
+    ) -> None:
+        """One round, flags touched inline: the small-message latency path."""
+        assert plan is not False and plan is not True
+        fp, slots, rows = plan
+        chan = self.chan
+        flags = chan.flags
+        k = chan.round + 1
+        p = k & 1
+        if k > 2:
+            for i in chan.peer_cons:
+                if flags[i] < k - 2:
+                    chan.acquire(k, deadline)
+                    break
+        if op.type is RedOpType.PREMUL_SUM:
+            torch.mul(flat, op.factor_value(), out=slots[p])
+        else:
+            slots[p].copy_(flat)
+        flags[chan.my_meta[p]] = fp
+        flags[chan.pub_index] = k
+        for i in chan.all_pub:
+            if flags[i] < k:
+                chan.wait_all(k, deadline)
+                break
+        for i in chan.all_meta[p]:
+            if flags[i] != fp:
+                chan.check_fingerprints(k, fp, "all_reduce")
+        if op.type is RedOpType.SUM and flat.dtype is not torch.bool:
+            torch.sum(rows[p], 0, dtype=flat.dtype, out=flat)
+        else:
+            reduce_rows(rows[p], flat, op)
+        flags[chan.cons_index] = k
+        chan.round = k
+
+    def reduce(self, flat: torch.Tensor, root: int, op: ReduceOp, deadline: float) -> None:
+        """In place on the root's ``flat``; other ranks' tensors are left as they were."""
+        chan = self.chan
+        n = flat.numel()
+        dtype = flat.dtype
+        fp = fingerprint(_REDUCE, dtype, n, op.type.value, root)
+        if n * dtype.itemsize <= self.oneshot_max and n <= chan.slot_capacity(dtype):
+            k = chan.round + 1
+            chan.acquire(k, deadline)
+            _store(chan.slot(self.rank, k, dtype, n), flat, op)
+            chan.publish(k, fp)
+            if self.rank == root:
+                chan.wait_all(k, deadline)
+                chan.check_fingerprints(k, fp, "reduce")
+                reduce_rows(chan.rows(k, dtype, n), flat, op)
+            chan.finish(k)
+            return
+        cap = chan.slot_capacity(dtype)
+        for start in range(0, n, cap):
+            chunk = flat[start : start + cap]
+            self._reduce_scatter_gather(chunk, op, fp if start == 0 else None, deadline, root)
+
+    def _reduce_scatter_gather(
+        self,
+        chunk: torch.Tensor,
+        op: ReduceOp,
+        fp: int | None,
+        deadline: float,
+        root: int | None,
+    ) -> None:
+        """Two rounds on one slot-sized chunk: shard reduction, then (all-)gather of shards."""
+        chan = self.chan
+        me, size = self.rank, self.size
+        dtype = chunk.dtype
+        c = chunk.numel()
+        shard = -(-c // size)
+        lo, hi = _bounds(me, shard, c)
+        k = chan.round + 1
+        chan.acquire(k, deadline)
+        _store(chan.slot(me, k, dtype, c), chunk, op)
+        chan.publish(k, fp)
+        chan.wait_all(k, deadline)
+        if fp is not None:
+            chan.check_fingerprints(k, fp, "all_reduce" if root is None else "reduce")
+        # Readers of round k + 1's slot finished round k - 1 before publishing round k.
+        if hi > lo:
+            reduce_rows(
+                chan.rows(k, dtype, hi - lo, at=lo), chan.slot(me, k + 1, dtype, hi - lo), op
+            )
+        chan.finish(k)
+        k += 1
+        chan.publish(k)
+        if root is None or me == root:
+            chan.wait_all(k, deadline)
+            if c == shard * size:
+                chunk.view(size, shard).copy_(chan.rows(k, dtype, shard))
+            else:
+                for r in range(size):
+                    a, b = _bounds(r, shard, c)
+                    if b > a:
+                        chunk[a:b].copy_(chan.slot(r, k, dtype, b - a))
+        chan.finish(k)
+
+    def reduce_scatter(
+        self, out: torch.Tensor, inputs: torch.Tensor, op: ReduceOp, deadline: float
+    ) -> None:
+        """``inputs`` is [size, n] (row r goes to rank r); ``out`` is [n]."""
+        chan = self.chan
+        size, me = self.size, self.rank
+        n = out.numel()
+        dtype = out.dtype
+        fp = fingerprint(_REDUCE_SCATTER, dtype, n, op.type.value)
+        per = max(chan.slot_capacity(dtype) // size, 1)
+        stride = chan.layout.slot_bytes // dtype.itemsize
+        for start in range(0, n, per):
+            c = min(per, n - start)
+            k = chan.round + 1
+            chan.acquire(k, deadline)
+            base = chan.layout.slot_offset(k & 1, 0)
+            mine = chan.view(base + me * chan.layout.slot_bytes, dtype, (size, c), (c, 1))
+            _store(mine, inputs[:, start : start + c], op)
+            chan.publish(k, fp if start == 0 else None)
+            chan.wait_all(k, deadline)
+            if start == 0:
+                chan.check_fingerprints(k, fp, "reduce_scatter")
+            rows = chan.view(base + me * c * dtype.itemsize, dtype, (size, c), (stride, 1))
+            reduce_rows(rows, out[start : start + c], op)
+            chan.finish(k)
+
+    def reduce_scatter_v(
+        self,
+        out: torch.Tensor,
+        inputs: Sequence[torch.Tensor],
+        op: ReduceOp,
+        deadline: float,
+    ) -> None:
+        """Flat ``inputs[r]`` goes to rank r; sizes may differ per rank (all ranks know them)."""
+        chan = self.chan
+        size, me = self.size, self.rank
+        sizes = [t.numel() for t in inputs]
+        dtype = out.dtype
+        fp = fingerprint(_REDUCE_SCATTER_V, dtype, op.type.value, *sizes)
+        per = max(chan.slot_capacity(dtype) // size, 1)
+        stride = chan.layout.slot_bytes // dtype.itemsize
+        for start in range(0, max(sizes, default=0), per):
+            k = chan.round + 1
+            chan.acquire(k, deadline)
+            base = chan.layout.slot_offset(k & 1, 0)
+            for r, t in enumerate(inputs):
+                c = min(per, sizes[r] - start)
+                if c > 0:
+                    at = base + (me * stride + r * per) * dtype.itemsize
+                    _store(chan.view(at, dtype, (c,), (1,)), t[start : start + c], op)
+            chan.publish(k, fp if start == 0 else None)
+            chan.wait_all(k, deadline)
+            if start == 0:
+                chan.check_fingerprints(k, fp, "reduce_scatter_v")
+            c = min(per, sizes[me] - start)
+            if c > 0:
+                rows = chan.view(base + me * per * dtype.itemsize, dtype, (size, c), (stride, 1))
+                reduce_rows(rows, out[start : start + c], op)
+            chan.finish(k)
+
+    # -- one to all, all to one ------------------------------------------------------------
+    def broadcast(self, flat: torch.Tensor, root: int, deadline: float) -> None:
+        chan = self.chan
+        n = flat.numel()
+        dtype = flat.dtype
+        fp = fingerprint(_BROADCAST, dtype, n, root)
+        cap = chan.slot_capacity(dtype)
+        for start in range(0, n, cap):
+            c = min(cap, n - start)
+            k = chan.round + 1
+            if self.rank == root:
+                chan.acquire(k, deadline)
+                chan.slot(root, k, dtype, c).copy_(flat[start : start + c])
+                chan.publish(k, fp)
+            else:
+                chan.wait_rank(k, root, deadline)
+                if start == 0:
+                    chan.check_fingerprints(k, fp, "broadcast", (root,))
+                flat[start : start + c].copy_(chan.slot(root, k, dtype, c))
+            chan.finish(k)
+
+    def scatter(
+        self, out: torch.Tensor, inputs: Sequence[torch.Tensor], root: int, deadline: float
+    ) -> None:
+        """``inputs`` (flat, root only) row r goes to rank r's ``out``."""
+        chan = self.chan
+        size, me = self.size, self.rank
+        n = out.numel()
+        dtype = out.dtype
+        fp = fingerprint(_SCATTER, dtype, n, root)
+        per = max(chan.slot_capacity(dtype) // size, 1)
+        for start in range(0, n, per):
+            c = min(per, n - start)
+            k = chan.round + 1
+            if me == root:
+                chan.acquire(k, deadline)
+                for r, t in enumerate(inputs):
+                    if r != me:
+                        chan.slot(root, k, dtype, c, at=r * per).copy_(t[start : start + c])
+                chan.publish(k, fp)
+                out[start : start + c].copy_(inputs[me][start : start + c])
+            else:
+                chan.wait_rank(k, root, deadline)
+                if start == 0:
+                    chan.check_fingerprints(k, fp, "scatter", (root,))
+                out[start : start + c].copy_(chan.slot(root, k, dtype, c, at=me * per))
+            chan.finish(k)
+
+    def gather(
+        self, outs: Sequence[torch.Tensor], inp: torch.Tensor, root: int, deadline: float
+    ) -> None:
+        """Rank r's flat ``inp`` lands in the root's flat ``outs[r]``."""
+        chan = self.chan
+        me = self.rank
+        n = inp.numel()
+        dtype = inp.dtype
+        fp = fingerprint(_GATHER, dtype, n, root)
+        cap = chan.slot_capacity(dtype)
+        for start in range(0, n, cap):
+            c = min(cap, n - start)
+            k = chan.round + 1
+            if me != root:
+                chan.acquire(k, deadline)
+                chan.slot(me, k, dtype, c).copy_(inp[start : start + c])
+                chan.publish(k, fp if start == 0 else None)
+            else:
+                chan.acquire(k, deadline)
+                chan.publish(k, fp if start == 0 else None)
+                chan.wait_all(k, deadline)
+                if start == 0:
+                    chan.check_fingerprints(k, fp, "gather")
+                for r, o in enumerate(outs):
+                    src = inp[start : start + c] if r == me else chan.slot(r, k, dtype, c)
+                    o[start : start + c].copy_(src)
+            chan.finish(k)
+
+    # -- all to all --------------------------------------------------------------------------
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, deadline: float) -> None:
+        """``out`` is [size, n]; row r receives rank r's flat ``inp``."""
+        chan = self.chan
+        n = inp.numel()
+        dtype = inp.dtype
+        fp = fingerprint(_ALL_GATHER, dtype, n)
+        cap = chan.slot_capacity(dtype)
+        for start in range(0, n, cap):
+            c = min(cap, n - start)
+            k = chan.round + 1
+            chan.acquire(k, deadline)
+            chan.slot(self.rank, k, dtype, c).copy_(inp[start : start + c])
+            chan.publish(k, fp if start == 0 else None)
+            chan.wait_all(k, deadline)
+            if start == 0:
+                chan.check_fingerprints(k, fp, "all_gather")
+            out[:, start : start + c].copy_(chan.rows(k, dtype, c))
+            chan.finish(k)
+
+    def all_gather_v(
+        self, outs: Sequence[torch.Tensor], inp: torch.Tensor, deadline: float
+    ) -> None:
+        """Flat ``outs[r]`` receives rank r's flat ``inp`` (sizes may differ per rank)."""
+        chan = self.chan
+        me = self.rank
+        sizes = [o.numel() for o in outs]
+        dtype = inp.dtype
+        fp = fingerprint(_ALL_GATHER_V, dtype, *sizes)
+        cap = chan.slot_capacity(dtype)
+        for start in range(0, max(sizes, default=0), cap):
+            k = chan.round + 1
+            chan.acquire(k, deadline)
+            c = min(cap, sizes[me] - start)
+            if c > 0:
+                chan.slot(me, k, dtype, c).copy_(inp[start : start + c])
+            chan.publish(k, fp if start == 0 else None)
+            chan.wait_all(k, deadline)
+            if start == 0:
+                chan.check_fingerprints(k, fp, "all_gather_v")
+            for r, o in enumerate(outs):
+                c = min(cap, sizes[r] - start)
+                if c > 0:
+                    o[start : start + c].copy_(chan.slot(r, k, dtype, c))
+            chan.finish(k)
+
+    def all_to_all(
+        self,
+        out: torch.Tensor,
+        inp: torch.Tensor,
+        out_splits: Sequence[int],
+        in_splits: Sequence[int],
+        deadline: float,
+    ) -> None:
+        """Flat tensors; element counts per peer (``in_splits[r]`` of ``inp`` go to rank r)."""
+        chan = self.chan
+        size, me = self.size, self.rank
+        dtype = inp.dtype
+        per = max(chan.slot_capacity(dtype) // size, 1)
+        stride = chan.layout.slot_bytes // dtype.itemsize
+        item = dtype.itemsize
+        even = len(set(in_splits)) == 1 and list(in_splits) == list(out_splits)
+        if even:
+            n = in_splits[0]
+            fp = fingerprint(_ALL_TO_ALL, dtype, n)
+            src2d, dst2d = inp.view(size, n), out.view(size, n)
+            for start in range(0, n, per):
+                c = min(per, n - start)
+                k = chan.round + 1
+                chan.acquire(k, deadline)
+                base = chan.layout.slot_offset(k & 1, 0)
+                chan.view(base + me * stride * item, dtype, (size, c), (per, 1)).copy_(
+                    src2d[:, start : start + c]
+                )
+                chan.publish(k, fp if start == 0 else None)
+                chan.wait_all(k, deadline)
+                if start == 0:
+                    chan.check_fingerprints(k, fp, "all_to_all")
+                dst2d[:, start : start + c].copy_(
+                    chan.view(base + me * per * item, dtype, (size, c), (stride, 1))
+                )
+                chan.finish(k)
+            return
+        fp = fingerprint(_ALL_TO_ALL_V, dtype)
+        in_offs = _offsets(in_splits)
+        out_offs = _offsets(out_splits)
+        needed = max(1, -(-max(*in_splits, *out_splits, 0) // per))
+        rounds = 1
+        start = 0
+        while True:
+            k = chan.round + 1
+            chan.acquire(k, deadline)
+            base = chan.layout.slot_offset(k & 1, 0)
+            for r in range(size):
+                c = min(per, in_splits[r] - start)
+                if c > 0:
+                    at = base + (me * stride + r * per) * item
+                    chan.view(at, dtype, (c,), (1,)).copy_(
+                        inp[in_offs[r] + start : in_offs[r] + start + c]
+                    )
+            if start == 0:
+                chan.flags[chan.layout.rank_flag(me, META0 + (k & 1)) + 1] = needed
+            chan.publish(k, fp if start == 0 else None)
+            chan.wait_all(k, deadline)
+            if start == 0:
+                chan.check_fingerprints(k, fp, "all_to_all")
+                rounds = max(
+                    chan.flags[chan.layout.rank_flag(r, META0 + (k & 1)) + 1] for r in range(size)
+                )
+            for r in range(size):
+                c = min(per, out_splits[r] - start)
+                if c > 0:
+                    at = base + (r * stride + me * per) * item
+                    out[out_offs[r] + start : out_offs[r] + start + c].copy_(
+                        chan.view(at, dtype, (c,), (1,))
+                    )
+            chan.finish(k)
+            start += per
+            rounds -= 1
+            if rounds <= 0:
+                return
+
+    def barrier(self, deadline: float) -> None:
+        chan = self.chan
+        fp = fingerprint(_BARRIER, None)
+        k = chan.round + 1
+        chan.acquire(k, deadline)
+        chan.publish(k, fp)
+        chan.wait_all(k, deadline)
+        chan.check_fingerprints(k, fp, "barrier")
+        chan.finish(k)
+
+
+def _offsets(splits: Sequence[int]) -> list[int]:
+    offs, acc = [], 0
+    for s in splits:
+        offs.append(acc)
+        acc += s
+    return offs

@@ -1,0 +1,1 @@
+"""Transports below the CPU backend: how bytes move between the members of one communicator."""

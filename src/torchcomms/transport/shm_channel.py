@@ -1,0 +1,384 @@
+"""The shared-memory channel of one communicator: layout, sequence flags, rounds, waiting.
+
+One segment per communicator holds, for every member rank:
+
+* its flag lines (64 bytes each, written only by that rank): ``PUBLISHED`` (the last
+  round whose data is in its slot), ``CONSUMED`` (the last round it finished reading),
+  ``STATE`` (ok / failed / finalized) and one ``META`` line per slot parity (a fingerprint
+  of the op, so mismatched collectives fail instead of reading stale bytes);
+* two data slots (round ``k`` uses parity ``k % 2``), so a rank may write round ``k + 1``
+  while slower peers still read round ``k`` and no trailing barrier is needed: before
+  writing round ``k`` a rank waits until every peer has consumed round ``k - 2``;
+* point-to-point rings per ordered pair (see ``shm_p2p``).
+
+Ordering relies on x86-64's total store order: data is written (by torch kernels, in
+separate calls) before the flag store that publishes it, and readers load the flag
+before the data.  The backend only selects this transport on x86-64.
+
+Waiting (``_wait``) spins briefly when every rank has a core, then yields, then sleeps
+with backoff; more ranks than cores skip the spin.  Every wait checks the deadline, this
+process's abort flag, the peers' ``STATE`` and, every few milliseconds, whether the
+peers' processes are alive, and raises ``ShmWaitError`` naming the ranks it waited for.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from torchcomms.transport import shm_segment
+
+logger = logging.getLogger("torchcomms.transport.shm")
+
+LINE = 64
+_Q = LINE // 8  # int64 words per line
+PAGE = 4096
+
+# Flag lines per rank.
+PUBLISHED, CONSUMED, STATE, META0, META1 = range(5)
+_RANK_LINES = 5
+# Flag lines per ordered pair (src -> dst): SENT/PMETA0/PMETA1 written by src, ACKED by dst.
+SENT, ACKED, PMETA0, PMETA1 = range(4)
+_PAIR_LINES = 4
+
+STATE_OK, STATE_FAILED, STATE_FINALIZED = 0, 1, 2
+_STATE_TEXT = {STATE_FAILED: "failed or aborted", STATE_FINALIZED: "finalized the communicator"}
+
+_LIVENESS_PERIOD_S = 0.005
+
+
+class ShmWaitError(RuntimeError):
+    """A wait that cannot finish: ``kind`` is timeout, dead, peer_failed, aborted or mismatch."""
+
+    def __init__(self, kind: str, ranks: Sequence[int], message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.ranks = sorted(set(ranks))
+
+
+class WaitPolicy:
+    """How to wait, from ranks per core: spin only when every rank has a core of its own."""
+
+    __slots__ = ("oversubscribed", "sleep_max_s", "spins", "yield_s")
+
+    def __init__(self, local_ranks: int, cores: int | None = None) -> None:
+        if cores is None:
+            try:
+                cores = len(os.sched_getaffinity(0))
+            except AttributeError:  # pragma: no cover - non-Linux
+                cores = os.cpu_count() or 1
+        self.oversubscribed = local_ranks > cores
+        # A Python spin iteration is ~0.1-0.3 us.  Spin only a few microseconds even when
+        # cores suffice: the scheduler may still put a peer on this core, and yielding (which
+        # returns at once when nothing else is runnable) lets it run.
+        self.spins = 0 if self.oversubscribed else 32
+        # Yielding hands the core to a peer that shares it; past this, sleep instead.
+        self.yield_s = 0.002
+        self.sleep_max_s = 0.001
+
+
+class Layout:
+    """Byte offsets inside a communicator's segment."""
+
+    def __init__(self, size: int, slot_bytes: int, pair_bytes: int) -> None:
+        if slot_bytes % PAGE or pair_bytes % PAGE or slot_bytes <= 0 or pair_bytes <= 0:
+            raise ValueError("shm slot sizes must be positive multiples of 4096 bytes")
+        self.size = size
+        self.slot_bytes = slot_bytes
+        self.pair_bytes = pair_bytes
+        lines = size * _RANK_LINES + size * size * _PAIR_LINES
+        self.flags_bytes = -(-lines * LINE // PAGE) * PAGE
+        self.coll_bytes = 2 * size * slot_bytes
+        self.total = self.flags_bytes + self.coll_bytes + size * size * 2 * pair_bytes
+
+    def rank_flag(self, rank: int, line: int) -> int:
+        """Index (in int64 words) of one of ``rank``'s flag lines."""
+        return (rank * _RANK_LINES + line) * _Q
+
+    def pair_flag(self, src: int, dst: int, line: int) -> int:
+        return ((self.size * _RANK_LINES) + (src * self.size + dst) * _PAIR_LINES + line) * _Q
+
+    def slot_offset(self, parity: int, rank: int) -> int:
+        return self.flags_bytes + (parity * self.size + rank) * self.slot_bytes
+
+    def pair_offset(self, src: int, dst: int, parity: int) -> int:
+        return (
+            self.flags_bytes
+            + self.coll_bytes
+            + ((src * self.size + dst) * 2 + parity) * self.pair_bytes
+        )
+
+
+class ShmChannel:
+    """Flags, slots and the round protocol over one mapped segment (see the module docstring)."""
+
+    def __init__(
+        self,
+        mm: mmap.mmap,
+        layout: Layout,
+        rank: int,
+        pids: Sequence[int],
+        policy: WaitPolicy,
+        describe: str,
+    ) -> None:
+        self.rank = rank
+        self.size = layout.size
+        self.layout = layout
+        self.policy = policy
+        self._describe = describe  # "comm=NAME", for messages
+        self._mm: mmap.mmap | None = mm
+        self.flags = memoryview(mm).cast("q")
+        self.data = torch.frombuffer(mm, dtype=torch.uint8)
+        self._typed: dict[torch.dtype, torch.Tensor] = {torch.uint8: self.data}
+        self._views: dict[tuple[object, ...], torch.Tensor] = {}
+        self._pids = list(pids)
+        self.round = 0
+        self.aborted = False
+        # Called while a collective waits past its spin phase (the p2p engine's progress).
+        self.idle: Callable[[], None] | None = None
+        self._pub = layout.rank_flag(rank, PUBLISHED)
+        self._cons = layout.rank_flag(rank, CONSUMED)
+        self._peers = [r for r in range(self.size) if r != rank]
+        self._all_pub = [layout.rank_flag(r, PUBLISHED) for r in range(self.size)]
+        self._peer_cons = [layout.rank_flag(r, CONSUMED) for r in self._peers]
+        # Flag indices the hot paths use directly (per slot parity for the meta lines).
+        self.pub_index = self._pub
+        self.cons_index = self._cons
+        self.all_pub = self._all_pub
+        self.peer_cons = self._peer_cons
+        self.my_meta = [layout.rank_flag(rank, META0 + p) for p in (0, 1)]
+        self.all_meta = [[layout.rank_flag(r, META0 + p) for r in range(self.size)] for p in (0, 1)]
+
+    # -- views -----------------------------------------------------------------------------
+    def typed(self, dtype: torch.dtype) -> torch.Tensor:
+        t = self._typed.get(dtype)
+        if t is None:
+            t = self.data.view(dtype)
+            self._typed[dtype] = t
+        return t
+
+    def view(
+        self, offset: int, dtype: torch.dtype, shape: tuple[int, ...], strides: tuple[int, ...]
+    ) -> torch.Tensor:
+        """A (cached) strided view of the segment; ``offset`` in bytes, strides in elements."""
+        key = (offset, dtype, shape, strides)
+        v = self._views.get(key)
+        if v is None:
+            v = self.typed(dtype).as_strided(shape, strides, offset // dtype.itemsize)
+            if len(self._views) > 4096:
+                self._views.clear()
+            self._views[key] = v
+        return v
+
+    def slot(self, rank: int, k: int, dtype: torch.dtype, numel: int, at: int = 0) -> torch.Tensor:
+        """``numel`` elements of ``rank``'s slot for round ``k``, from element ``at``."""
+        itemsize = _itemsize(dtype)
+        return self.view(
+            self.layout.slot_offset(k & 1, rank) + at * itemsize, dtype, (numel,), (1,)
+        )
+
+    def rows(
+        self, k: int, dtype: torch.dtype, numel: int, at: int = 0, nranks: int | None = None
+    ) -> torch.Tensor:
+        """``[nranks, numel]``: the same element range of every rank's slot for round ``k``."""
+        itemsize = _itemsize(dtype)
+        n = self.size if nranks is None else nranks
+        return self.view(
+            self.layout.slot_offset(k & 1, 0) + at * itemsize,
+            dtype,
+            (n, numel),
+            (self.layout.slot_bytes // itemsize, 1),
+        )
+
+    def slot_capacity(self, dtype: torch.dtype) -> int:
+        return self.layout.slot_bytes // _itemsize(dtype)
+
+    # -- round protocol --------------------------------------------------------------------
+    def acquire(self, k: int, deadline: float) -> None:
+        """Before writing round ``k`` (slot or meta): wait until its last readers are done."""
+        if k > 2:
+            self._wait(self._peer_cons, self._peers, k - 2, deadline, "to release a slot")
+
+    def publish(self, k: int, fingerprint: int | None = None) -> None:
+        if fingerprint is not None:
+            self.flags[self.layout.rank_flag(self.rank, META0 + (k & 1))] = fingerprint
+        self.flags[self._pub] = k
+
+    def wait_all(self, k: int, deadline: float) -> None:
+        """Wait until every rank has published round ``k``."""
+        self._wait(self._all_pub, range(self.size), k, deadline, "to arrive")
+
+    def wait_rank(self, k: int, rank: int, deadline: float) -> None:
+        self._wait([self._all_pub[rank]], [rank], k, deadline, "to arrive")
+
+    def fingerprint(self, rank: int, k: int) -> int:
+        return self.flags[self.layout.rank_flag(rank, META0 + (k & 1))]
+
+    def check_fingerprints(
+        self, k: int, mine: int, what: str, ranks: Sequence[int] | None = None
+    ) -> None:
+        """After waiting for round ``k``: those ranks called the same op with compatible sizes."""
+        flags = self.flags
+        layout = self.layout
+        line = META0 + (k & 1)
+        among = range(self.size) if ranks is None else ranks
+        bad = [r for r in among if flags[layout.rank_flag(r, line)] != mine]
+        if bad:
+            raise ShmWaitError(
+                "mismatch",
+                bad,
+                f"{what} does not match the collective of "
+                f"rank{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))} "
+                "(different op, dtype, size or root at the same point in the sequence)",
+            )
+
+    def finish(self, k: int) -> None:
+        self.flags[self._cons] = k
+        self.round = k
+
+    def set_state(self, state: int) -> None:
+        if self._mm is not None:
+            self.flags[self.layout.rank_flag(self.rank, STATE)] = state
+
+    # -- waiting ---------------------------------------------------------------------------
+    def _wait(
+        self,
+        indices: Sequence[int],
+        ranks: Sequence[int],
+        value: int,
+        deadline: float,
+        what: str,
+    ) -> None:
+        """Wait until ``flags[i] >= value`` for every index (see the module docstring)."""
+        flags = self.flags
+        pending = [(i, r) for i, r in zip(indices, ranks, strict=False) if flags[i] < value]
+        if not pending:
+            return
+        policy = self.policy
+        spins = policy.spins
+        while spins > 0:
+            spins -= 1
+            pending = [p for p in pending if flags[p[0]] < value]
+            if not pending:
+                return
+        now = time.monotonic()
+        yield_until = now + policy.yield_s
+        next_check = now
+        sleep_s = 0.00002
+        sched_yield = os.sched_yield
+        idle = self.idle
+        while True:
+            pending = [p for p in pending if flags[p[0]] < value]
+            if not pending:
+                return
+            if idle is not None:
+                idle()
+            now = time.monotonic()
+            if now >= next_check:
+                self._check_waiting(pending, value, deadline, now, what)
+                next_check = now + _LIVENESS_PERIOD_S
+            if now < yield_until:
+                sched_yield()
+            else:
+                time.sleep(sleep_s)
+                sleep_s = min(sleep_s * 2, policy.sleep_max_s)
+
+    def poll(
+        self,
+        ready: Callable[[], bool],
+        ranks: Callable[[], Sequence[int]],
+        deadline: float,
+        what: str,
+    ) -> None:
+        """Wait until ``ready()``, with the same policy and checks as flag waits.
+
+        ``ranks()`` names the peers still waited for (for liveness checks and errors).
+        """
+        if ready():
+            return
+        spins = self.policy.spins
+        while spins > 0:
+            spins -= 1
+            if ready():
+                return
+        now = time.monotonic()
+        yield_until = now + self.policy.yield_s
+        next_check = now
+        sleep_s = 0.00002
+        while not ready():
+            now = time.monotonic()
+            if now >= next_check:
+                try:
+                    self._check_waiting([(-1, r) for r in ranks()], 1, deadline, now, what)
+                except ShmWaitError:
+                    if ready():  # the peer delivered, then left: not an error
+                        return
+                    raise
+                next_check = now + _LIVENESS_PERIOD_S
+            if now < yield_until:
+                os.sched_yield()
+            else:
+                time.sleep(sleep_s)
+                sleep_s = min(sleep_s * 2, self.policy.sleep_max_s)
+
+    def _check_waiting(
+        self,
+        pending: list[tuple[int, int]],
+        value: int,
+        deadline: float,
+        now: float,
+        what: str,
+    ) -> None:
+        ranks = [r for _, r in pending]
+        if self.aborted:
+            raise ShmWaitError("aborted", ranks, "communicator aborted while waiting")
+        flags = self.flags
+        layout = self.layout
+        for i, r in pending:
+            state = flags[layout.rank_flag(r, STATE)]
+            if state != STATE_OK and (i < 0 or flags[i] < value):
+                raise ShmWaitError(
+                    "peer_failed", [r], f"peer rank {r} {_STATE_TEXT.get(state, 'failed')}"
+                )
+        dead = [r for r in ranks if not shm_segment.process_alive(self._pids[r])]
+        if dead:
+            raise ShmWaitError(
+                "dead",
+                dead,
+                f"{_ranks_text(dead)} died (process gone) while this rank waited for "
+                f"{'them' if len(dead) > 1 else 'it'} {what}",
+            )
+        if now >= deadline:
+            raise ShmWaitError("timeout", ranks, f"waiting for {_ranks_text(ranks)} {what}")
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def close(self, state: int = STATE_FINALIZED) -> None:
+        """Say goodbye to the peers, then unmap (once no view of the segment is left)."""
+        mm = self._mm
+        if mm is None:
+            return
+        self.set_state(state)
+        self._mm = None
+        self.idle = None
+        self._views.clear()
+        self._typed.clear()
+        del self.data
+        self.flags.release()
+        try:
+            mm.close()
+        except BufferError:  # a view escaped; the mapping goes with its last reference
+            logger.debug("shm segment view still referenced at close", extra={})
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return dtype.itemsize
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    unique = sorted(set(ranks))
+    return f"peer rank{'s' if len(unique) > 1 else ''} {', '.join(map(str, unique))}"
