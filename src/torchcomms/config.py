@@ -164,7 +164,7 @@ def check_collectives() -> bool:
 
 # -- transport (CPU backend) ---------------------------------------------------------------------
 TRANSPORTS = ("auto", "shm", "tcp")
-SHM_SLOT_BYTES_DEFAULT = 4 << 20
+SHM_SLOT_BYTES_DEFAULT = 1 << 20
 SHM_ONESHOT_MAX_DEFAULT = 64 << 10
 _UNITS = {
     "": 1,

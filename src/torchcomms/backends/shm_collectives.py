@@ -21,7 +21,7 @@ called something else raises instead of reading stale bytes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -65,6 +65,29 @@ _Plan = tuple[int, tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.
 
 _ANY = (RedOpType.SUM, RedOpType.MAX, RedOpType.BOR, RedOpType.AVG, RedOpType.PREMUL_SUM)
 _ALL = (RedOpType.PRODUCT, RedOpType.MIN, RedOpType.BAND)
+
+
+# Two-operand forms of the reductions (the two-rank large all_reduce); PREMUL_SUM is absent.
+_BINARY: dict[RedOpType, Callable[..., torch.Tensor]] = {
+    RedOpType.SUM: torch.add,
+    RedOpType.AVG: torch.add,
+    RedOpType.PRODUCT: torch.mul,
+    RedOpType.MIN: torch.minimum,
+    RedOpType.MAX: torch.maximum,
+    RedOpType.BAND: torch.bitwise_and,
+    RedOpType.BOR: torch.bitwise_or,
+    RedOpType.BXOR: torch.bitwise_xor,
+}
+_BINARY_BOOL: dict[RedOpType, Callable[..., torch.Tensor]] = {
+    RedOpType.SUM: torch.logical_or,
+    RedOpType.AVG: torch.logical_or,
+    RedOpType.MAX: torch.logical_or,
+    RedOpType.BOR: torch.logical_or,
+    RedOpType.PRODUCT: torch.logical_and,
+    RedOpType.MIN: torch.logical_and,
+    RedOpType.BAND: torch.logical_and,
+    RedOpType.BXOR: torch.logical_xor,
+}
 
 
 def fingerprint(op: int, dtype: torch.dtype | None, *sizes: object) -> int:
@@ -145,9 +168,13 @@ class ShmCollectives:
             return
         fp = fingerprint(_ALL_REDUCE, dtype, n, op.type.value)
         cap = chan.slot_capacity(dtype)
+        pair = self.size == 2
         for start in range(0, n, cap):
             chunk = flat[start : start + cap]
-            self._reduce_scatter_gather(chunk, op, fp if start == 0 else None, deadline, None)
+            first = fp if start == 0 else None
+            if pair and self._pair_reduce_exchange(chunk, op, first, deadline):
+                continue
+            self._reduce_scatter_gather(chunk, op, first, deadline, None)
 
     def _oneshot_plan(self, dtype: torch.dtype, n: int, op: ReduceOp) -> _Plan | bool:
         """Views and fingerprint of a one-shot all_reduce of this shape (False: too large)."""
@@ -220,6 +247,47 @@ class ShmCollectives:
         for start in range(0, n, cap):
             chunk = flat[start : start + cap]
             self._reduce_scatter_gather(chunk, op, fp if start == 0 else None, deadline, root)
+
+    def _pair_reduce_exchange(
+        self, chunk: torch.Tensor, op: ReduceOp, fp: int | None, deadline: float
+    ) -> bool:
+        """all_reduce of one chunk between exactly two ranks, with the least copying.
+
+        Each rank publishes only the half its peer reduces, combines its own half in place
+        with the peer's copy (one binary kernel), and publishes the result for the peer.
+        False when ``op`` needs the general path (PREMUL_SUM's own pre-multiplication).
+        """
+        fn = (_BINARY_BOOL if chunk.dtype is torch.bool else _BINARY).get(op.type)
+        if fn is None:
+            return False
+        chan = self.chan
+        me = self.rank
+        other = 1 - me
+        dtype = chunk.dtype
+        c = chunk.numel()
+        shard = -(-c // 2)
+        lo, hi = _bounds(me, shard, c)
+        a, b = _bounds(other, shard, c)
+        k = chan.round + 1
+        chan.acquire(k, deadline)
+        if b > a:
+            chan.slot(me, k, dtype, b - a, at=a).copy_(chunk[a:b])
+        chan.publish(k, fp)
+        chan.wait_all(k, deadline)
+        if fp is not None:
+            chan.check_fingerprints(k, fp, "all_reduce")
+        mine = chunk[lo:hi]
+        if hi > lo:
+            fn(mine, chan.slot(other, k, dtype, hi - lo, at=lo), out=mine)
+            chan.slot(me, k + 1, dtype, hi - lo).copy_(mine)
+        chan.finish(k)
+        k += 1
+        chan.publish(k)
+        chan.wait_all(k, deadline)
+        if b > a:
+            chunk[a:b].copy_(chan.slot(other, k, dtype, b - a))
+        chan.finish(k)
+        return True
 
     def _reduce_scatter_gather(
         self,

@@ -192,8 +192,10 @@ def _measure(
     impls: list[_Impl],
     settings: Settings,
     comm: TorchComm,
-) -> tuple[list[list[float]], list[int]]:
-    """Per-iteration max-over-ranks times (s) per impl, and #wrong per impl summed over ranks."""
+) -> tuple[list[list[float]], list[int], list[float]]:
+    """Per-iteration max-over-ranks times (s) per impl, #wrong per impl summed over ranks, and
+    per impl the CPU time all ranks spent (every thread) divided by the wall time of the timed
+    loops: how many cores the op kept busy while it ran (waiting included)."""
     case = spec.build(params)
     bound = [_Bound(i.name, case.gloo if i.name == "gloo" else case.ours, i.target) for i in impls]
     corrupt_rank = spec.checked_rank(params.nranks, params.root)
@@ -206,14 +208,19 @@ def _measure(
         for _ in range(settings.warmup):
             impl.call(impl.target)
     times: list[list[float]] = [[] for _ in bound]
+    cpu_ns = [0] * len(bound)
+    wall_ns = [0] * len(bound)
     order = list(range(len(bound)))
     for chunk in _split(settings.iters, min(settings.blocks, settings.iters)):
         for k in order:
             call, target, sink = bound[k].call, bound[k].target, times[k]
+            c0, w0 = time.process_time_ns(), time.perf_counter_ns()
             for _ in range(chunk):
                 t0 = time.perf_counter_ns()
                 call(target)
                 sink.append((time.perf_counter_ns() - t0) * 1e-9)
+            cpu_ns[k] += time.process_time_ns() - c0
+            wall_ns[k] += time.perf_counter_ns() - w0
         order.reverse()  # ABBA: neither implementation always runs first after a switch
     if settings.check:
         for k, impl in enumerate(bound):
@@ -222,9 +229,15 @@ def _measure(
     comm.all_reduce(flat, ReduceOp.MAX, False)
     wrong_t = torch.tensor(wrong, dtype=torch.int64)
     comm.all_reduce(wrong_t, ReduceOp.SUM, False)
+    cpu_t = torch.tensor(cpu_ns, dtype=torch.float64)
+    comm.all_reduce(cpu_t, ReduceOp.SUM, False)
+    wall_t = torch.tensor(wall_ns, dtype=torch.float64)
+    comm.all_reduce(wall_t, ReduceOp.MAX, False)
+    busy = [float(c) / max(float(w), 1.0) for c, w in zip(cpu_t, wall_t, strict=True)]
     n = settings.iters
     maxed = flat.tolist()
-    return [maxed[k * n : (k + 1) * n] for k in range(len(bound))], [int(w) for w in wrong_t]
+    per_impl = [maxed[k * n : (k + 1) * n] for k in range(len(bound))]
+    return per_impl, [int(w) for w in wrong_t], busy
 
 
 def _stats(
@@ -414,11 +427,15 @@ def _sweep(
                 params = CaseParams(
                     rank, size, count, dtype, settings.redop, settings.root, in_place
                 )
-                times, wrong = _measure(spec, params, session.impls, settings, session.comm)
-                wrong_total += sum(wrong) if checked else 0
-                row["in_place" if in_place else "out_of_place"] = _cell(
-                    spec, nbytes, size, session.impls, times, wrong, mem_bw, checked
+                times, wrong, busy = _measure(
+                    spec, params, session.impls, settings, session.comm
                 )
+                wrong_total += sum(wrong) if checked else 0
+                cell = _cell(spec, nbytes, size, session.impls, times, wrong, mem_bw, checked)
+                for impl, cores in zip(session.impls, busy, strict=True):
+                    if cell.get(impl.name) is not None:
+                        cell[impl.name]["cpu_cores_busy"] = cores
+                row["in_place" if in_place else "out_of_place"] = cell
             done += 1
             if printer is not None:
                 rows.append(row)

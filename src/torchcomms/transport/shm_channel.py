@@ -80,6 +80,10 @@ class WaitPolicy:
         # Yielding hands the core to a peer that shares it; past this, sleep instead.
         self.yield_s = 0.002
         self.sleep_max_s = 0.001
+        tuned = os.environ.get("TORCHCOMM_SHM_WAIT")  # "spins,yield_us,sleep_max_us" (tuning)
+        if tuned:
+            spins, yield_us, sleep_us = (int(x) for x in tuned.split(","))
+            self.spins, self.yield_s, self.sleep_max_s = spins, yield_us * 1e-6, sleep_us * 1e-6
 
 
 class Layout:
