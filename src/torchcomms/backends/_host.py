@@ -43,4 +43,6 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def host_flat(tensor: torch.Tensor) -> torch.Tensor:
     """A flat CPU view (or copy, for device tensors) of a contiguous tensor, for reading."""
+    if tensor.is_cpu:
+        return tensor if tensor.dim() == 1 else tensor.view(-1)
     return tensor.detach().to("cpu").reshape(-1)

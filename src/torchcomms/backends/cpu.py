@@ -408,11 +408,13 @@ class TorchCommGloo(TorchCommBackend):
             raise CommStateError(self._prefix(opts) + "TorchCommGloo not initialized")
         timeout = opts.timeout
 
+        # Bytes move outside autograd (as in c10d): no graph, in-place writes to leaves allowed.
         def guarded() -> Completion | None:
             self._check_healthy(opts)
             deadline = _Deadline(timeout)
             try:
-                completion = body(deadline)
+                with torch.no_grad():
+                    completion = body(deadline)
             except BaseException as exc:
                 raise self._translate(exc, opts, peers) from exc
             if completion is None:
@@ -420,7 +422,8 @@ class TorchCommGloo(TorchCommBackend):
 
             def finish() -> None:
                 try:
-                    completion()
+                    with torch.no_grad():
+                        completion()
                 except BaseException as exc:
                     raise self._translate(exc, opts, peers) from exc
 
@@ -430,12 +433,18 @@ class TorchCommGloo(TorchCommBackend):
             if executor._unfinished:
                 executor.drain(timeout.total_seconds())
             self._check_healthy(opts)
+            grad = torch.is_grad_enabled()
+            if grad:
+                torch._C._set_grad_enabled(False)
             try:
                 completion = body(_Deadline(timeout))
                 if completion is not None:
                     completion()
             except BaseException as exc:
                 raise self._translate(exc, opts, peers) from exc
+            finally:
+                if grad:
+                    torch._C._set_grad_enabled(True)
             return CompletedWork()
         self._check_healthy(opts)  # fail at issue when already poisoned; guarded() re-checks
         work = AsyncWork(self._prefix(opts).rstrip(": "), timeout.total_seconds())

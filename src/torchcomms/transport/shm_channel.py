@@ -140,6 +140,7 @@ class ShmChannel:
         self.data = torch.frombuffer(mm, dtype=torch.uint8)
         self._typed: dict[torch.dtype, torch.Tensor] = {torch.uint8: self.data}
         self._views: dict[tuple[object, ...], torch.Tensor] = {}
+        self._slots: dict[tuple[object, ...], torch.Tensor] = {}
         self._pids = list(pids)
         self.round = 0
         self.aborted = False
@@ -181,10 +182,16 @@ class ShmChannel:
 
     def slot(self, rank: int, k: int, dtype: torch.dtype, numel: int, at: int = 0) -> torch.Tensor:
         """``numel`` elements of ``rank``'s slot for round ``k``, from element ``at``."""
-        itemsize = _itemsize(dtype)
-        return self.view(
-            self.layout.slot_offset(k & 1, rank) + at * itemsize, dtype, (numel,), (1,)
-        )
+        key = (rank, k & 1, dtype, numel, at)
+        v = self._slots.get(key)
+        if v is None:
+            v = self.view(
+                self.layout.slot_offset(k & 1, rank) + at * dtype.itemsize, dtype, (numel,), (1,)
+            )
+            if len(self._slots) > 4096:
+                self._slots.clear()
+            self._slots[key] = v
+        return v
 
     def rows(
         self, k: int, dtype: torch.dtype, numel: int, at: int = 0, nranks: int | None = None
@@ -230,6 +237,12 @@ class ShmChannel:
         flags = self.flags
         layout = self.layout
         line = META0 + (k & 1)
+        if ranks is None:
+            for i in self.all_meta[k & 1]:
+                if flags[i] != mine:
+                    break
+            else:
+                return
         among = range(self.size) if ranks is None else ranks
         bad = [r for r in among if flags[layout.rank_flag(r, line)] != mine]
         if bad:
@@ -260,6 +273,11 @@ class ShmChannel:
     ) -> None:
         """Wait until ``flags[i] >= value`` for every index (see the module docstring)."""
         flags = self.flags
+        for i in indices:  # the common case: nothing to wait for, no allocation
+            if flags[i] < value:
+                break
+        else:
+            return
         pending = [(i, r) for i, r in zip(indices, ranks, strict=False) if flags[i] < value]
         if not pending:
             return
@@ -370,6 +388,7 @@ class ShmChannel:
         self._mm = None
         self.idle = None
         self._views.clear()
+        self._slots.clear()
         self._typed.clear()
         del self.data
         self.flags.release()
