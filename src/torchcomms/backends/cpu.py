@@ -31,6 +31,7 @@ import torch._C._distributed_c10d as c10d
 
 from torchcomms import bootstrap, config
 from torchcomms.backends import cpu_hier, cpu_shm
+from torchcomms.backends._host import host_flat
 from torchcomms.backends._host import on_host as _on_host
 from torchcomms.backends._host import overlaps as _overlaps
 from torchcomms.backends.base import TorchCommBackend
@@ -848,9 +849,7 @@ class TorchCommGloo(TorchCommBackend):
             return self._run(
                 options,
                 async_op,
-                lambda d: shm.reduce_scatter(
-                    output, input.detach().to("cpu").reshape(-1), op, d.end
-                ),
+                lambda d: shm.reduce_scatter(output, host_flat(input), op, d.end),
             )
 
         def body(deadline: _Deadline) -> None:

@@ -212,6 +212,7 @@ class ShmCollectives:
             slots[p].copy_(flat)
         flags[chan.my_meta[p]] = fp
         flags[chan.pub_index] = k
+        chan.ring()
         for i in chan.all_pub:
             if flags[i] < k:
                 chan.wait_all(k, deadline)
@@ -225,6 +226,7 @@ class ShmCollectives:
             reduce_rows(rows[p], flat, op)
         flags[chan.cons_index] = k
         chan.round = k
+        chan.ring()
 
     def reduce(self, flat: torch.Tensor, root: int, op: ReduceOp, deadline: float) -> None:
         """In place on the root's ``flat``; other ranks' tensors are left as they were."""

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from torchcomms.transport import shm_segment
+from torchcomms.transport import futex, shm_segment
 
 logger = logging.getLogger("torchcomms.transport.shm")
 
@@ -40,8 +40,11 @@ _Q = LINE // 8  # int64 words per line
 PAGE = 4096
 
 # Flag lines per rank.
-PUBLISHED, CONSUMED, STATE, META0, META1 = range(5)
-_RANK_LINES = 5
+PUBLISHED, CONSUMED, STATE, META0, META1, DOORBELL = range(6)
+_RANK_LINES = 6
+# The DOORBELL line: word 0 is the futex word its owner sleeps on (bumped by whoever wakes
+# it), word 1 says "I may be asleep: ring me after you write a flag".
+_BELL, _ASLEEP = 0, 1
 # Flag lines per ordered pair (src -> dst): SENT/PMETA0/PMETA1 written by src, ACKED by dst.
 SENT, ACKED, PMETA0, PMETA1 = range(4)
 _PAIR_LINES = 4
@@ -50,6 +53,9 @@ STATE_OK, STATE_FAILED, STATE_FINALIZED = 0, 1, 2
 _STATE_TEXT = {STATE_FAILED: "failed or aborted", STATE_FINALIZED: "finalized the communicator"}
 
 _LIVENESS_PERIOD_S = 0.005
+# The first deadline/liveness check of a wait: short waits (the common case) never pay for
+# reading /proc; the deadline is still honoured to within a few milliseconds.
+_FIRST_CHECK_S = 0.002
 
 
 class ShmWaitError(RuntimeError):
@@ -66,6 +72,10 @@ class WaitPolicy:
 
     __slots__ = ("oversubscribed", "sleep_max_s", "spins", "yield_s")
 
+    #: Longest futex sleep between checks of the deadline, the peers' liveness and a lost
+    #: wake-up (the doorbell protocol tolerates one, bounded by this).
+    DOZE_S = 0.002
+
     def __init__(self, local_ranks: int, cores: int | None = None) -> None:
         if cores is None:
             try:
@@ -77,8 +87,9 @@ class WaitPolicy:
         # cores suffice: the scheduler may still put a peer on this core, and yielding (which
         # returns at once when nothing else is runnable) lets it run.
         self.spins = 0 if self.oversubscribed else 32
-        # Yielding hands the core to a peer that shares it; past this, sleep instead.
-        self.yield_s = 0.002
+        # Yielding hands the core to a peer that shares it; past this, block on a futex
+        # doorbell (a peer that writes a flag rings it), so long waits cost no CPU.
+        self.yield_s = 0.0002
         self.sleep_max_s = 0.001
         tuned = os.environ.get("TORCHCOMM_SHM_WAIT")  # "spins,yield_us,sleep_max_us" (tuning)
         if tuned:
@@ -157,6 +168,13 @@ class ShmChannel:
         self.all_pub = self._all_pub
         self.peer_cons = self._peer_cons
         self.my_meta = [layout.rank_flag(rank, META0 + p) for p in (0, 1)]
+        self._base = self.data.data_ptr()
+        self._bell = layout.rank_flag(rank, DOORBELL) + _BELL
+        self._asleep = layout.rank_flag(rank, DOORBELL) + _ASLEEP
+        self._peer_bells = [
+            (layout.rank_flag(r, DOORBELL) + _ASLEEP, layout.rank_flag(r, DOORBELL) + _BELL)
+            for r in self._peers
+        ]
         self.all_meta = [[layout.rank_flag(r, META0 + p) for r in range(self.size)] for p in (0, 1)]
 
     # -- views -----------------------------------------------------------------------------
@@ -219,6 +237,26 @@ class ShmChannel:
         if fingerprint is not None:
             self.flags[self.layout.rank_flag(self.rank, META0 + (k & 1))] = fingerprint
         self.flags[self._pub] = k
+        self.ring()
+
+    def ring(self) -> None:
+        """After writing a flag: wake the peers that went to sleep waiting for one."""
+        flags = self.flags
+        for asleep, bell in self._peer_bells:
+            if flags[asleep]:
+                flags[bell] += 1
+                futex.wake(self._base + bell * 8)
+
+    def _doze(self, ready: Callable[[], bool], timeout_s: float) -> None:
+        """Block until a peer rings this rank's doorbell (or ``timeout_s``), unless ``ready()``."""
+        flags = self.flags
+        seen = flags[self._bell]
+        flags[self._asleep] = 1
+        try:
+            if not ready():  # re-check after announcing the sleep: a ring may have been missed
+                futex.wait(self._base + self._bell * 8, seen, timeout_s)
+        finally:
+            flags[self._asleep] = 0
 
     def wait_all(self, k: int, deadline: float) -> None:
         """Wait until every rank has published round ``k``."""
@@ -257,10 +295,12 @@ class ShmChannel:
     def finish(self, k: int) -> None:
         self.flags[self._cons] = k
         self.round = k
+        self.ring()
 
     def set_state(self, state: int) -> None:
         if self._mm is not None:
             self.flags[self.layout.rank_flag(self.rank, STATE)] = state
+            self.ring()
 
     # -- waiting ---------------------------------------------------------------------------
     def _wait(
@@ -290,7 +330,7 @@ class ShmChannel:
                 return
         now = time.monotonic()
         yield_until = now + policy.yield_s
-        next_check = now
+        next_check = now + _FIRST_CHECK_S
         sleep_s = 0.00002
         sched_yield = os.sched_yield
         idle = self.idle
@@ -306,6 +346,13 @@ class ShmChannel:
                 next_check = now + _LIVENESS_PERIOD_S
             if now < yield_until:
                 sched_yield()
+            elif futex.AVAILABLE:
+
+                waiting = [i for i, _ in pending]
+                self._doze(
+                    lambda waiting=waiting: all(flags[i] >= value for i in waiting),  # type: ignore[misc]
+                    min(WaitPolicy.DOZE_S, max(next_check - now, 0.0) + 1e-4),
+                )
             else:
                 time.sleep(sleep_s)
                 sleep_s = min(sleep_s * 2, policy.sleep_max_s)
@@ -330,7 +377,7 @@ class ShmChannel:
                 return
         now = time.monotonic()
         yield_until = now + self.policy.yield_s
-        next_check = now
+        next_check = now + _FIRST_CHECK_S
         sleep_s = 0.00002
         while not ready():
             now = time.monotonic()
@@ -344,6 +391,8 @@ class ShmChannel:
                 next_check = now + _LIVENESS_PERIOD_S
             if now < yield_until:
                 os.sched_yield()
+            elif futex.AVAILABLE:
+                self._doze(ready, min(WaitPolicy.DOZE_S, max(next_check - now, 0.0) + 1e-4))
             else:
                 time.sleep(sleep_s)
                 sleep_s = min(sleep_s * 2, self.policy.sleep_max_s)

@@ -166,6 +166,7 @@ class ShmP2P:
             flags[meta] = t.nbytes
             flags[meta + 1] = t.tag
             flags[layout.pair_flag(me, peer, SENT)] = i
+            chan.ring()
             self._sent[peer] = i
             t.done += n
         return True
@@ -194,6 +195,7 @@ class ShmP2P:
                 chan.view(layout.pair_offset(peer, me, parity), torch.uint8, (n,), (1,))
             )
             flags[layout.pair_flag(peer, me, ACKED)] = i
+            chan.ring()
             self._got[peer] = i
             t.done += n
             if t.done == t.nbytes:

@@ -1,0 +1,1131 @@
+"""The CPU backend's shared-memory transport (issue 5), against the TCP path and the spec.
+
+* Equivalence: every collective, send/recv and batched send/recv, every supported dtype and
+  every valid reduce op, on sizes that span the one-shot / reduce-scatter+all-gather switch
+  and the slot chunking boundary (tiny slots: ``shm_slot_bytes=8192``,
+  ``shm_oneshot_max=1024``), sync and async, with in-place variants: the shm result equals
+  the TCP result bit for bit and an independently computed expected value.
+* Several live shm communicators at once, interleaved and async, and splits of them.
+* Resources: 500 create/finalize cycles leave no ``/dev/shm`` entry, mapping or fd behind;
+  a live communicator's segment is already unlinked; ``sweep_stale`` removes dead owners'.
+* Faults: a peer SIGKILLed mid-collective, a rank that skips a collective (timeout),
+  mismatched collectives, a peer that finalizes early; typed errors naming the ranks, then
+  a poisoned communicator.
+* Point-to-point: crossed large async sends, batches to several peers, message order, size
+  and tag mismatches, tagged messages.
+* Transport selection: hint / ``TORCHCOMM_TRANSPORT``, invalid values,
+  ``TORCHCOMM_HOST_ID`` (different hosts: auto picks TCP, forced shm refuses).
+
+The hierarchical (several simulated hosts) path is tested elsewhere.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.harness import RankContext, RankFailure, run_ranks
+from torchcomms import (
+    CollectiveMismatchError,
+    CommError,
+    CommTimeoutError,
+    PeerFailureError,
+    ReduceOp,
+    TorchComm,
+    TorchWork,
+    new_comm,
+)
+from torchcomms.transport import shm_segment
+
+CPU = torch.device("cpu")
+
+#: Tiny slots and one-shot limit, so small sizes cross the algorithm switch and chunking.
+SHM_HINTS = {"transport": "shm", "shm_slot_bytes": "8192", "shm_oneshot_max": "1024"}
+TCP_HINTS = {"transport": "tcp"}
+COMM_TIMEOUT = timedelta(seconds=60)
+
+#: 1 and 7: one-shot; 300: one-shot only for 1-byte dtypes; 1025: reduce-scatter+all-gather
+#: for every dtype, chunked for 8-byte dtypes (1024 per 8 KiB slot); 5000: chunked for >= 2 bytes.
+SIZES = (1, 7, 300, 1025, 5000)
+
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+INT_DTYPES = (torch.int8, torch.uint8, torch.int32, torch.int64)
+ALL_DTYPES = (*FLOAT_DTYPES, *INT_DTYPES, torch.bool)
+
+BITWISE = ("BAND", "BOR", "BXOR")
+PREMUL_FLOAT = "PREMUL_SUM(2.0)"
+PREMUL_TENSOR = "PREMUL_SUM(tensor[0.5])"
+PREMUL_FACTORS = {PREMUL_FLOAT: 2.0, PREMUL_TENSOR: 0.5}
+
+#: Tolerances (rtol, atol) against the float64 reference; only AVG divides.
+FLOAT_TOL = {
+    torch.float32: (1e-6, 1e-6),
+    torch.float64: (1e-12, 1e-12),
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (1e-2, 1e-2),
+}
+
+
+def reds_for(dtype: torch.dtype) -> tuple[str, ...]:
+    """Every reduce op the API accepts on ``dtype``."""
+    if dtype.is_floating_point:
+        return ("SUM", "PRODUCT", "MIN", "MAX", "AVG", PREMUL_FLOAT, PREMUL_TENSOR)
+    if dtype is torch.bool:
+        return ("SUM", "PRODUCT", "MIN", "MAX", *BITWISE)
+    return ("SUM", "PRODUCT", "MIN", "MAX", *BITWISE, "AVG")
+
+
+def make_op(red: str) -> ReduceOp:
+    if red == PREMUL_FLOAT:
+        return ReduceOp.PREMUL_SUM(PREMUL_FACTORS[red])
+    if red == PREMUL_TENSOR:
+        return ReduceOp.PREMUL_SUM(torch.tensor([PREMUL_FACTORS[red]], dtype=torch.bfloat16))
+    op = getattr(ReduceOp, red)
+    assert isinstance(op, ReduceOp)
+    return op
+
+
+def data(
+    rank: int, n: int, dtype: torch.dtype, red: str | None = None, salt: int = 0
+) -> torch.Tensor:
+    """Rank ``rank``'s integer-valued input: exact in every dtype after any reduction over 4 ranks.
+
+    Arithmetic values lie in [-2, 2] ([0, 3] for uint8), bitwise ones span 4 bits.
+    """
+    idx = torch.arange(n, dtype=torch.int64) + salt
+    if dtype is torch.bool:
+        return (rank + idx) % 3 != 0
+    signed = dtype is not torch.uint8
+    if red in BITWISE:
+        v = (5 * rank + 3 * idx + 1) % 16 - (8 if signed else 0)
+    else:
+        v = (3 * rank + 2 * idx + 1) % (5 if signed else 4) - (2 if signed else 0)
+    return v.to(dtype)
+
+
+def reduce_ref(inputs: Sequence[torch.Tensor], red: str, dtype: torch.dtype) -> torch.Tensor:
+    """The reduction of one tensor per rank, computed in int64 / float64, cast to ``dtype``."""
+    if dtype is torch.bool:
+        stacked = torch.stack(list(inputs))
+        if red in ("SUM", "MAX", "BOR"):
+            return stacked.any(0)
+        if red in ("PRODUCT", "MIN", "BAND"):
+            return stacked.all(0)
+        return stacked.to(torch.int64).sum(0) % 2 == 1
+    wide = torch.stack(
+        [t.to(torch.float64 if dtype.is_floating_point else torch.int64) for t in inputs]
+    )
+    if red == "SUM":
+        out = wide.sum(0)
+    elif red == "PRODUCT":
+        out = wide.prod(0)
+    elif red == "MIN":
+        out = wide.amin(0)
+    elif red == "MAX":
+        out = wide.amax(0)
+    elif red in BITWISE:
+        fn = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}[red]
+        out = functools.reduce(fn, list(wide))
+    elif red == "AVG":
+        total = wide.sum(0)
+        size = len(inputs)
+        out = (
+            total / size
+            if dtype.is_floating_point
+            else torch.div(total, size, rounding_mode="trunc")
+        )
+    else:
+        out = (wide * PREMUL_FACTORS[red]).sum(0)
+    return out.to(dtype)
+
+
+def sentinel(n: int, dtype: torch.dtype) -> torch.Tensor:
+    """An output buffer whose elements no expected value has (bool: a fixed pattern)."""
+    if dtype is torch.bool:
+        return torch.arange(n) % 2 == 0
+    return torch.full((n,), 99, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- 1. equivalence
+
+
+@dataclass(frozen=True)
+class Case:
+    """One call of one op with fixed arguments."""
+
+    op: str
+    dtype: torch.dtype
+    n: int
+    red: str | None
+    root: int
+    async_op: bool
+    salt: int
+
+    def label(self) -> str:
+        parts = [self.op, str(self.dtype).removeprefix("torch."), f"n={self.n}"]
+        if self.red is not None:
+            parts.append(self.red)
+        parts += [f"root={self.root}", "async" if self.async_op else "sync"]
+        return " ".join(parts)
+
+
+#: Ops that take a reduce op (run for every valid op of every dtype).
+REDUCING = (
+    "all_reduce",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_single",
+    "reduce_scatter_single_inplace",
+    "reduce_scatter_v",
+)
+#: Ops that move data only (run for every dtype).
+MOVING = (
+    "broadcast",
+    "all_gather",
+    "all_gather_single",
+    "all_gather_single_inplace",
+    "all_gather_v",
+    "all_to_all",
+    "all_to_all_single",
+    "all_to_all_single_inplace",
+    "all_to_all_v_single",
+    "gather",
+    "gather_single",
+    "scatter",
+    "send_recv",
+    "batch_send_recv",
+)
+
+
+def equivalence_cases(world: int) -> list[Case]:
+    """The whole op x dtype x reduce-op x size table; roots and sync/async rotate."""
+    cases: list[Case] = []
+    for op in (*REDUCING, *MOVING):
+        reds: Callable[[torch.dtype], Sequence[str | None]] = (
+            reds_for if op in REDUCING else (lambda _d: (None,))
+        )
+        for dtype in ALL_DTYPES:
+            for red in reds(dtype):
+                for n in SIZES:
+                    i = len(cases)
+                    cases.append(Case(op, dtype, n, red, i % world, i % 2 == 1, i % 11))
+    for i in range(4):
+        cases.append(Case("barrier", torch.float32, 0, None, 0, i % 2 == 1, 0))
+    return cases
+
+
+def expected_case_count(world: int) -> int:
+    """Independent count of the table above (an empty or truncated table fails the test)."""
+    per_dtype_reds = sum(len(reds_for(d)) for d in ALL_DTYPES)  # 7*4 floats + 8*4 ints + 7 bool
+    assert per_dtype_reds == 67
+    return len(SIZES) * (len(REDUCING) * per_dtype_reds + len(MOVING) * len(ALL_DTYPES)) + 4
+
+
+def v_size(rank: int, n: int) -> int:
+    """Rank ``rank``'s contribution to the *_v ops: uneven, sometimes zero."""
+    return 0 if (rank + n) % 4 == 1 else n + rank
+
+
+def a2a_split(src: int, dst: int, n: int) -> int:
+    """Rows ``src`` sends ``dst`` in all_to_all_v_single / all_to_all: uneven, some zero."""
+    return 0 if (src + 2 * dst + n) % 3 == 2 else n + src + 2 * dst
+
+
+Outcome = tuple[list[torch.Tensor], list[torch.Tensor]]  # (results, expected)
+
+
+def _wait(work: TorchWork, case: Case) -> None:
+    if case.async_op:
+        work.wait()
+        assert work.is_completed(), f"{case.label()}: wait() returned but work is not completed"
+
+
+def run_case(comm: TorchComm, c: Case) -> Outcome:
+    """Run one case on ``comm``; return what this rank got and what it must have got."""
+    me, w, n, dt = comm.get_rank(), comm.get_size(), c.n, c.dtype
+    a = c.async_op
+
+    def mine(k: int = n, salt: int = 0) -> torch.Tensor:
+        return data(me, k, dt, c.red, c.salt + salt)
+
+    def every(k: int = n, salt: int = 0) -> list[torch.Tensor]:
+        return [data(r, k, dt, c.red, c.salt + salt) for r in range(w)]
+
+    if c.op == "barrier":
+        _wait(comm.barrier(a), c)
+        return [], []
+    if c.op == "all_reduce":
+        assert c.red is not None
+        t = mine()
+        _wait(comm.all_reduce(t, make_op(c.red), a), c)
+        return [t], [reduce_ref(every(), c.red, dt)]
+    if c.op == "reduce":
+        assert c.red is not None
+        t = mine()
+        _wait(comm.reduce(t, c.root, make_op(c.red), a), c)
+        if me != c.root:  # a non-root tensor's content is unspecified afterwards
+            return [], []
+        return [t], [reduce_ref(every(), c.red, dt)]
+    if c.op == "reduce_scatter":
+        assert c.red is not None
+        ins = [mine(salt=p) for p in range(w)]
+        kept = [t.clone() for t in ins]
+        out = sentinel(n, dt)
+        _wait(comm.reduce_scatter(out, ins, make_op(c.red), a), c)
+        exp = reduce_ref(every(salt=me), c.red, dt)
+        return [out, *ins], [exp, *kept]
+    if c.op in ("reduce_scatter_single", "reduce_scatter_single_inplace"):
+        assert c.red is not None
+        inp = torch.cat([mine(salt=p) for p in range(w)])
+        kept = inp.clone()
+        inplace = c.op.endswith("inplace")
+        out = inp[me * n : (me + 1) * n] if inplace else sentinel(n, dt)
+        _wait(comm.reduce_scatter_single(out, inp, make_op(c.red), a), c)
+        exp = reduce_ref(every(salt=me), c.red, dt)
+        if inplace:
+            return [out], [exp]
+        return [out, inp], [exp, kept]
+    if c.op == "reduce_scatter_v":
+        assert c.red is not None
+        ins = [mine(v_size(p, n), salt=p) for p in range(w)]
+        kept = [t.clone() for t in ins]
+        out = sentinel(v_size(me, n), dt)
+        _wait(comm.reduce_scatter_v(out, ins, make_op(c.red), a), c)
+        exp = reduce_ref(every(v_size(me, n), salt=me), c.red, dt)
+        return [out, *ins], [exp, *kept]
+    if c.op == "broadcast":
+        exp = every()[c.root]
+        t = exp.clone() if me == c.root else sentinel(n, dt)
+        _wait(comm.broadcast(t, c.root, a), c)
+        return [t], [exp]
+    if c.op == "all_gather":
+        outs = [sentinel(n, dt) for _ in range(w)]
+        t = mine()
+        _wait(comm.all_gather(outs, t, a), c)
+        return [*outs, t], [*every(), mine()]
+    if c.op in ("all_gather_single", "all_gather_single_inplace"):
+        out = sentinel(w * n, dt)
+        if c.op.endswith("inplace"):
+            t = out[me * n : (me + 1) * n]
+            t.copy_(mine())
+        else:
+            t = mine()
+        _wait(comm.all_gather_single(out, t, a), c)
+        return [out, t], [torch.cat(every()), mine()]
+    if c.op == "all_gather_v":
+        outs = [sentinel(v_size(r, n), dt) for r in range(w)]
+        t = mine(v_size(me, n))
+        _wait(comm.all_gather_v(outs, t, a), c)
+        exp = [data(r, v_size(r, n), dt, None, c.salt) for r in range(w)]
+        return [*outs, t], [*exp, mine(v_size(me, n))]
+    if c.op == "all_to_all":
+        # Block for peer p: elements of this rank's data with salt p (uneven, some empty).
+        ins = [mine(a2a_split(me, p, n), salt=p) for p in range(w)]
+        kept = [t.clone() for t in ins]
+        outs = [sentinel(a2a_split(p, me, n), dt) for p in range(w)]
+        _wait(comm.all_to_all(outs, ins, a), c)
+        exp = [data(p, a2a_split(p, me, n), dt, None, c.salt + me) for p in range(w)]
+        return [*outs, *ins], [*exp, *kept]
+    if c.op in ("all_to_all_single", "all_to_all_single_inplace"):
+        inp = torch.cat([mine(salt=p) for p in range(w)])
+        kept = inp.clone()
+        inplace = c.op.endswith("inplace")
+        out = inp if inplace else sentinel(w * n, dt)
+        _wait(comm.all_to_all_single(out, inp, a), c)
+        exp = torch.cat([data(p, n, dt, None, c.salt + me) for p in range(w)])
+        if inplace:
+            return [out], [exp]
+        return [out, inp], [exp, kept]
+    if c.op == "all_to_all_v_single":
+        # Odd sizes use 2-D tensors (splits count rows of 2); the output has a spare row that
+        # must stay untouched.
+        width = 2 if n % 2 else 1
+        in_rows = [a2a_split(me, p, n) for p in range(w)]
+        out_rows = [a2a_split(p, me, n) for p in range(w)]
+        inp = torch.cat([mine(r * width, salt=p) for p, r in enumerate(in_rows)])
+        inp = inp.view(-1, width) if width > 1 else inp
+        kept = inp.clone()
+        out = sentinel((sum(out_rows) + 1) * width, dt)
+        spare = out[sum(out_rows) * width :].clone()
+        out = out.view(-1, width) if width > 1 else out
+        _wait(comm.all_to_all_v_single(out, inp, out_rows, in_rows, a), c)
+        blocks = [data(p, r * width, dt, None, c.salt + me) for p, r in enumerate(out_rows)]
+        exp = torch.cat([*blocks, spare])
+        return [out.reshape(-1), inp], [exp, kept]
+    if c.op == "gather":
+        outs = [sentinel(n, dt) for _ in range(w)] if me == c.root else []
+        t = mine()
+        _wait(comm.gather(outs, t, c.root, a), c)
+        exp = every() if me == c.root else []
+        return [*outs, t], [*exp, mine()]
+    if c.op == "gather_single":
+        out = sentinel(w * n, dt) if me == c.root else torch.empty(0, dtype=dt)
+        t = mine()
+        _wait(comm.gather_single(out, t, c.root, a), c)
+        exp = torch.cat(every()) if me == c.root else torch.empty(0, dtype=dt)
+        return [out, t], [exp, mine()]
+    if c.op == "scatter":
+        ins = [data(c.root, n, dt, None, c.salt + p) for p in range(w)] if me == c.root else []
+        kept = [t.clone() for t in ins]
+        out = sentinel(n, dt)
+        _wait(comm.scatter(out, ins, c.root, a), c)
+        return [out, *ins], [data(c.root, n, dt, None, c.salt + me), *kept]
+    if c.op == "send_recv":
+        # Rank 0 exchanges one message each way with every other rank (sync or async).
+        if me == 0:
+            got = [sentinel(n, dt) for _ in range(w - 1)]
+            for p in range(1, w):
+                _wait(comm.send(data(0, n, dt, None, c.salt + p), p, a), c)
+                _wait(comm.recv(got[p - 1], p, a), c)
+            return got, [data(p, n, dt, None, c.salt) for p in range(1, w)]
+        t = sentinel(n, dt)
+        _wait(comm.recv(t, 0, a), c)
+        _wait(comm.send(mine(), 0, a), c)
+        return [t], [data(0, n, dt, None, c.salt + me)]
+    if c.op == "batch_send_recv":
+        # One batch: a message to and from every other rank.
+        batch = comm.batch_op_create()
+        got = {p: sentinel(n, dt) for p in range(w) if p != me}
+        for p in got:
+            batch.send(mine(salt=p), p)
+            batch.recv(got[p], p)
+        _wait(batch.issue(a), c)
+        return list(got.values()), [data(p, n, dt, None, c.salt + me) for p in got]
+    raise AssertionError(f"no runner for {c.op}")
+
+
+def _difference(label: str, got: torch.Tensor, exp: torch.Tensor, avg_float: bool) -> str | None:
+    if got.dtype != exp.dtype or got.shape != exp.shape:
+        return f"{label}: got {got.dtype}{tuple(got.shape)}, expected {exp.dtype}{tuple(exp.shape)}"
+    if avg_float:
+        rtol, atol = FLOAT_TOL[exp.dtype]
+        try:
+            torch.testing.assert_close(got, exp, rtol=rtol, atol=atol)
+        except AssertionError as exc:
+            return f"{label}: " + " ".join(str(exc).split())[:300]
+        return None
+    if torch.equal(got, exp):
+        return None
+    bad = (got != exp).reshape(-1).nonzero().flatten()[:6].tolist()
+    return (
+        f"{label}: {int((got != exp).sum())} element(s) differ, first at {bad}: got "
+        f"{got.reshape(-1)[bad].tolist()}, expected {exp.reshape(-1)[bad].tolist()}"
+    )
+
+
+def _equivalence(ctx: RankContext) -> dict[str, Any]:
+    """Every case on a TCP comm and an shm comm: both equal each other and the reference."""
+    tcp = new_comm(
+        "gloo", CPU, name="eq_tcp", store=ctx.store, timeout=COMM_TIMEOUT, hints=TCP_HINTS
+    )
+    shm = new_comm(
+        "gloo", CPU, name="eq_shm", store=ctx.store, timeout=COMM_TIMEOUT, hints=SHM_HINTS
+    )
+    transports = [tcp.get_backend_impl().transport, shm.get_backend_impl().transport]  # type: ignore[attr-defined]
+    failures: list[str] = []
+    checked = 0
+    start = time.monotonic()
+    for case in equivalence_cases(ctx.world_size):
+        label = case.label()
+        try:
+            got_tcp, _ = run_case(tcp, case)
+            got_shm, expected = run_case(shm, case)
+        except Exception as exc:  # keep going: report every failing case at once
+            failures.append(f"{label}: raised {type(exc).__name__}: {exc}")
+            if len(failures) > 40:
+                break
+            continue
+        avg_float = case.red == "AVG" and case.dtype.is_floating_point
+        for i, (s, t, e) in enumerate(zip(got_shm, got_tcp, expected, strict=True)):
+            problem = _difference(f"{label} [{i}] shm vs tcp", s, t, False) or _difference(
+                f"{label} [{i}] shm vs expected", s, e, avg_float
+            )
+            if problem is not None:
+                failures.append(problem)
+        checked += 1
+    elapsed = time.monotonic() - start
+    tcp.finalize()
+    shm.finalize()
+    return {"checked": checked, "failures": failures, "transports": transports, "elapsed": elapsed}
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_shm_equals_tcp_over_every_op_dtype_and_reduce_op(world: int) -> None:
+    results = run_ranks(_equivalence, world, timeout=240)
+    for rank, r in enumerate(results):
+        tcp_transport, shm_transport = r["transports"]
+        assert tcp_transport.startswith("tcp ("), (rank, tcp_transport)
+        assert shm_transport.startswith(f"shm ({world} ranks on this host, 8 KiB slots"), (
+            rank,
+            shm_transport,
+        )
+        assert r["failures"] == [], f"rank {rank}:\n" + "\n".join(r["failures"])
+        assert r["checked"] == expected_case_count(world) == len(equivalence_cases(world)), r
+
+
+# ----------------------------------------------------------------------------- 2. many comms
+
+
+def _shm(ctx: RankContext, name: str, **kw: Any) -> TorchComm:
+    hints = dict(SHM_HINTS)
+    hints.update(kw.pop("hints", {}))
+    kw.setdefault("timeout", COMM_TIMEOUT)
+    return new_comm("gloo", CPU, name=name, store=ctx.store, hints=hints, **kw)
+
+
+def _transport(comm: TorchComm) -> str:
+    return str(comm.get_backend_impl().transport)  # type: ignore[attr-defined]
+
+
+def _concurrent_comms(ctx: RankContext) -> dict[str, Any]:
+    """Three live shm comms with interleaved and async ops, then splits (and a split's split)."""
+    me, w = ctx.rank, ctx.world_size
+    comms = [_shm(ctx, f"live{i}") for i in range(3)]
+    out: dict[str, Any] = {"transports": [_transport(c) for c in comms]}
+    # Interleaved sync ops: a different op on each comm, round after round.
+    for step in range(20):
+        n = (1, 700, 3000)[step % 3]  # one-shot, reduce-scatter+all-gather, chunked
+        t = torch.full((n,), float(me + step))
+        comms[0].all_reduce(t, ReduceOp.SUM, False)
+        assert torch.equal(t, torch.full((n,), float(sum(range(w)) + w * step))), step
+        b = (
+            torch.arange(n, dtype=torch.int64) * (step + 1)
+            if me == step % w
+            else torch.zeros(n, dtype=torch.int64)
+        )
+        comms[1].broadcast(b, step % w, False)
+        assert torch.equal(b, torch.arange(n, dtype=torch.int64) * (step + 1)), step
+        g = torch.empty(w * n, dtype=torch.int32)
+        comms[2].all_gather_single(g, torch.full((n,), me * 100 + step, dtype=torch.int32), False)
+        exp = torch.cat([torch.full((n,), r * 100 + step, dtype=torch.int32) for r in range(w)])
+        assert torch.equal(g, exp), step
+    # Async ops queued on every comm, waited for in reverse order.
+    tensors: list[torch.Tensor] = []
+    works: list[TorchWork] = []
+    for rep in range(4):
+        for i, comm in enumerate(comms):
+            t = torch.full((1500,), float(me + 1 + rep + 10 * i))
+            works.append(comm.all_reduce(t, ReduceOp.MAX if i == 1 else ReduceOp.SUM, True))
+            tensors.append(t)
+    for work in reversed(works):
+        work.wait()
+    for k, t in enumerate(tensors):
+        rep, i = divmod(k, 3)
+        vals = [r + 1 + rep + 10 * i for r in range(w)]
+        want = float(max(vals) if i == 1 else sum(vals))
+        assert torch.equal(t, torch.full((1500,), want)), (rep, i, t[:3])
+    # Splits: a pair (the last rank sits out), every rank in reversed order, a split's split.
+    pair = comms[0].split([0, 1] if me < 2 else [], "pair", hints=SHM_HINTS)
+    rev = comms[1].split(list(reversed(range(w))), "reversed", hints=SHM_HINTS)
+    assert rev is not None and rev.get_rank() == w - 1 - me, rev
+    out["rev_transport"] = _transport(rev)
+    if me < 2:
+        assert pair is not None and pair.get_size() == 2 and pair.get_rank() == me
+        out["pair_transport"] = _transport(pair)
+        solo = pair.split([me], "solo", hints=SHM_HINTS)  # two size-1 comms
+        assert solo is not None and solo.get_size() == 1
+        t = torch.arange(5000, dtype=torch.float64)
+        solo.all_reduce(t, ReduceOp.SUM, False)
+        assert torch.equal(t, torch.arange(5000, dtype=torch.float64))
+        solo.finalize()
+    else:
+        assert pair is None
+    # Ops on the children interleaved with the parents, async on both.
+    for step in range(10):
+        t_rev = torch.full((3000,), rev.get_rank() + step, dtype=torch.int64)
+        w_rev = rev.all_reduce(t_rev, ReduceOp.SUM, True)
+        t_parent = torch.full((300,), float(me))
+        w_parent = comms[2].all_reduce(t_parent, ReduceOp.MAX, True)
+        if pair is not None:
+            t_pair = torch.full((2000,), float(me + step))
+            pair.all_reduce(t_pair, ReduceOp.PRODUCT, False)
+            assert torch.equal(t_pair, torch.full((2000,), float(step * (1 + step)))), step
+        w_parent.wait()
+        w_rev.wait()
+        assert torch.equal(t_rev, torch.full((3000,), sum(range(w)) + w * step, dtype=torch.int64))
+        assert torch.equal(t_parent, torch.full((300,), float(w - 1)))
+        # The reversed comm's rank 0 is the parent's last rank.
+        got = torch.empty(5, dtype=torch.int64)
+        rev.scatter(
+            got,
+            [torch.full((5,), 10 * r + step) for r in range(w)] if rev.get_rank() == 0 else [],
+            0,
+            False,
+        )
+        assert torch.equal(got, torch.full((5,), 10 * rev.get_rank() + step)), step
+    if pair is not None:
+        pair.finalize()
+    rev.finalize()
+    for comm in comms:
+        comm.finalize()
+    return out
+
+
+def test_several_live_shm_comms_async_ops_and_splits() -> None:
+    results = run_ranks(_concurrent_comms, 3, timeout=120)
+    for rank, r in enumerate(results):
+        assert all(t.startswith("shm (3 ranks") for t in r["transports"]), r
+        assert r["rev_transport"].startswith("shm (3 ranks"), r
+        if rank < 2:
+            assert r["pair_transport"].startswith("shm (2 ranks"), r
+
+
+# ----------------------------------------------------------------------------- 3. resources
+
+
+def _own_segments(pids: Sequence[int]) -> list[str]:
+    """``/dev/shm`` entries named for one of ``pids`` (other jobs' segments are not ours)."""
+    prefixes = tuple(f"{shm_segment.PREFIX}{pid}-" for pid in pids)
+    return sorted(e for e in os.listdir(shm_segment.SHM_DIR) if e.startswith(prefixes))
+
+
+def _segment_mappings() -> int:
+    with open("/proc/self/maps") as f:
+        return sum(shm_segment.PREFIX in line for line in f)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _dead_pid() -> int:
+    """The pid of a child that has exited and been reaped."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def _resource_cycles(ctx: RankContext, cycles: int, private_cycles: int) -> dict[str, Any]:
+    """``cycles`` create/op/finalize rounds leave no segment file, mapping or fd behind."""
+    me = ctx.rank
+    ctx.store.set(f"pid{me}", str(os.getpid()))
+    pids = [int(ctx.store.get(f"pid{r}")) for r in range(ctx.world_size)]
+    out: dict[str, Any] = {}
+    # Warm-up: first-use imports, thread pools and store connections are not leaks.
+    warm = _shm(ctx, "warm")
+    warm.all_reduce(torch.ones(4), ReduceOp.SUM, False)
+    warm.finalize()
+    gc.collect()
+    fds_before, maps_before = _open_fds(), _segment_mappings()
+    out["segments_before"] = _own_segments(pids)
+    live_entries: list[str] = []
+    live_maps: list[int] = []
+    for i in range(cycles):
+        # Most cycles talk through the harness store itself ("persistent_store"): creating a
+        # private TCPStore per comm (the default, also exercised) costs seconds now and then.
+        private = i % (cycles // private_cycles) == 0
+        hints = SHM_HINTS if private else {**SHM_HINTS, "persistent_store": "true"}
+        comm = new_comm(
+            "gloo", CPU, name=f"cyc{i}", store=ctx.store, timeout=COMM_TIMEOUT, hints=hints
+        )
+        t = torch.full((3,), float(me + i))
+        comm.all_reduce(t, ReduceOp.SUM, False)
+        assert torch.equal(t, torch.full((3,), float(1 + 2 * i))), (i, t)
+        if i % 100 == 0:
+            # Live: mapped once, but rank 0 unlinked the file as soon as every rank mapped it.
+            live_entries += _own_segments(pids)
+            live_maps.append(_segment_mappings() - maps_before)
+        comm.finalize()
+    del comm, t
+    gc.collect()
+    out["live_entries"] = live_entries
+    out["live_maps"] = live_maps
+    out["extra_fds"] = _open_fds() - fds_before
+    out["extra_maps"] = _segment_mappings() - maps_before
+    out["segments_after"] = _own_segments(pids)
+    ctx.store.set(f"done{me}", "1")
+    ctx.store.wait([f"done{r}" for r in range(ctx.world_size)])
+    if me == 0:
+        # sweep_stale: a dead owner's segment goes, a live owner's stays.
+        stale = f"{shm_segment.PREFIX}{_dead_pid()}-{'ab' * 8}"
+        live = f"{shm_segment.PREFIX}{os.getpid()}-{'cd' * 8}"
+        for name in (stale, live):
+            shm_segment.create(name, 4096).close()
+        removed = shm_segment.sweep_stale()
+        out["stale_removed"] = stale in removed
+        out["live_removed"] = live in removed
+        out["stale_left"] = os.path.exists(os.path.join(shm_segment.SHM_DIR, stale))
+        out["live_left"] = os.path.exists(os.path.join(shm_segment.SHM_DIR, live))
+        out["mode"] = oct(os.stat(os.path.join(shm_segment.SHM_DIR, live)).st_mode & 0o777)
+        shm_segment.unlink(live)
+    return out
+
+
+def test_create_finalize_cycles_leave_no_segment_mapping_or_fd() -> None:
+    cycles = 500
+    results = run_ranks(_resource_cycles, 2, cycles, 10, timeout=300)
+    for rank, r in enumerate(results):
+        assert r["segments_before"] == [] and r["segments_after"] == [], (rank, r)
+        assert r["live_entries"] == [], (rank, r)  # unlinked while the comm is live
+        assert r["live_maps"] == [1] * (cycles // 100), (rank, r)  # ... yet mapped
+        assert r["extra_maps"] == 0, (rank, r)
+        assert r["extra_fds"] == 0, (rank, r)
+    r0 = results[0]
+    assert r0["stale_removed"] and not r0["stale_left"], r0
+    assert not r0["live_removed"] and r0["live_left"], r0
+    assert r0["mode"] == "0o600", r0  # segments are private to their user
+
+
+# ----------------------------------------------------------------------------- 4. faults
+
+#: Generous bound on how long a survivor may take to notice a dead peer (not a measurement).
+DEAD_PEER_BOUND_S = 10.0
+
+
+def _killed_mid_collective(ctx: RankContext, report_dir: str) -> None:
+    """Rank 2 dies (SIGKILL) inside a chunked all_reduce; ranks 0 and 1 must name it.
+
+    The survivors are, at that moment, in an all_reduce on one comm; then they try a
+    broadcast rooted at the dead rank and a barrier on two more comms. Each raises
+    ``PeerFailureError`` naming rank 2 well within the 60 s timeout; the first comm is then
+    poisoned. Survivors write what they saw to ``report_dir`` (the dead rank fails the task).
+    """
+    me = ctx.rank
+    ar, bc, bar = (_shm(ctx, name) for name in ("k_allreduce", "k_broadcast", "k_barrier"))
+    for step in range(3):
+        t = torch.full((4096,), float(me + step))
+        ar.all_reduce(t, ReduceOp.SUM, False)
+        assert torch.equal(t, torch.full((4096,), float(3 + 3 * step)))
+    big = 1 << 22  # 2048 slot-sized chunks of 2 rounds each (8 KiB slots)
+    if me == 2:
+        # Die while the executor thread is inside the all_reduce: a few rounds done, most not.
+        chan = ar.get_backend_impl()._shm.chan  # type: ignore[attr-defined]
+        first = chan.round
+        ar.all_reduce(torch.ones(big), ReduceOp.SUM, True)
+        give_up = time.monotonic() + 30
+        while chan.round < first + 8 and time.monotonic() < give_up:
+            time.sleep(0.0002)
+        os.kill(os.getpid(), signal.SIGKILL)
+    seen: dict[str, Any] = {}
+    calls: list[tuple[str, Callable[[], object]]] = [
+        ("all_reduce", lambda: ar.all_reduce(torch.ones(big), ReduceOp.SUM, False)),
+        ("broadcast", lambda: bc.broadcast(torch.zeros(10), 2, False)),
+        ("barrier", lambda: bar.barrier(False)),
+        ("poisoned", lambda: ar.all_reduce(torch.ones(3), ReduceOp.SUM, False)),
+    ]
+    for what, call in calls:
+        start = time.monotonic()
+        try:
+            call()
+        except Exception as exc:
+            seen[what] = {
+                "type": type(exc).__name__,
+                "text": str(exc),
+                "s": time.monotonic() - start,
+            }
+        else:
+            seen[what] = {"type": None, "text": "returned", "s": time.monotonic() - start}
+    Path(report_dir, f"rank{me}.json").write_text(json.dumps(seen))
+    for comm in (ar, bc, bar):
+        comm.finalize()
+
+
+def test_peer_sigkilled_mid_collective_is_named_by_every_survivor(tmp_path: Path) -> None:
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_killed_mid_collective, 3, str(tmp_path), timeout=120, fresh=True)
+    failure = info.value
+    assert 2 in failure.died and "SIGKILL" in failure.died[2], str(failure)
+    assert not failure.timed_out and not failure.errors, str(failure)
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        for what, comm in (
+            ("all_reduce", "k_allreduce"),
+            ("broadcast", "k_broadcast"),
+            ("barrier", "k_barrier"),
+        ):
+            got = seen[what]
+            assert got["type"] == PeerFailureError.__name__, (rank, what, got)
+            assert "peer rank 2 died" in got["text"], (rank, what, got)
+            assert f"comm={comm} rank={rank}" in got["text"] and what in got["text"], got
+            assert got["s"] < DEAD_PEER_BOUND_S, (rank, what, got)
+        poisoned = seen["poisoned"]
+        assert poisoned["type"] == "PeerFailureError", (rank, poisoned)
+        assert "unusable after an earlier failure" in poisoned["text"], poisoned
+        assert "peer rank 2 died" in poisoned["text"], poisoned
+        assert poisoned["s"] < 1.0, poisoned  # fails fast, does not wait again
+
+
+def _timeouts_and_mismatches(ctx: RankContext) -> dict[str, Any]:
+    """Rank 1 skips a collective; ranks call mismatched collectives; a peer finalizes early."""
+    me = ctx.rank
+    short = timedelta(seconds=2)
+    out: dict[str, Any] = {}
+
+    def attempt(key: str, call: Callable[[], object], tensor: torch.Tensor | None = None) -> None:
+        before = None if tensor is None else tensor.clone()
+        start = time.monotonic()
+        try:
+            call()
+        except CommError as exc:
+            out[key] = {"type": type(exc).__name__, "text": str(exc), "s": time.monotonic() - start}
+        else:
+            out[key] = {"type": None, "text": "returned", "s": time.monotonic() - start}
+        if before is not None:
+            out[key]["unchanged"] = torch.equal(before, tensor)
+
+    # Timeout: rank 1 never joins rank 0's all_reduce.
+    to = _shm(ctx, "skipper", timeout=short)
+    to.barrier(False)
+    if me == 0:
+        attempt("timeout", lambda: to.all_reduce(torch.ones(10), ReduceOp.SUM, False))
+        attempt("timeout_poisoned", lambda: to.barrier(False))
+    ctx.store.set(f"timeout_done{me}", "1")
+    ctx.store.wait([f"timeout_done{r}" for r in range(2)])
+    to.finalize()
+
+    # Mismatches, each on a fresh comm (an error poisons the comm).
+    cases: dict[str, Callable[[TorchComm], Callable[[], object]]] = {
+        "size": lambda c: lambda: c.all_reduce(ar_tensor, ReduceOp.SUM, False),
+        "op_kind": lambda c: (
+            (lambda: c.all_reduce(ar_tensor, ReduceOp.SUM, False))
+            if me == 0
+            else (lambda: c.broadcast(ar_tensor, 0, False))
+        ),
+        "dtype": lambda c: lambda: c.all_reduce(ar_tensor, ReduceOp.SUM, False),
+        "algorithm": lambda c: lambda: c.all_reduce(ar_tensor, ReduceOp.SUM, False),
+        "reduce_op": lambda c: (
+            lambda: c.all_reduce(ar_tensor, ReduceOp.SUM if me == 0 else ReduceOp.MAX, False)
+        ),
+        "all_gather_size": lambda c: (
+            lambda: c.all_gather_single(torch.empty(2 * ar_tensor.numel()), ar_tensor, False)
+        ),
+        "barrier_vs_all_reduce": lambda c: (
+            (lambda: c.barrier(False))
+            if me == 0
+            else (lambda: c.all_reduce(ar_tensor, ReduceOp.SUM, False))
+        ),
+    }
+    tensors = {
+        "size": torch.ones(10 if me == 0 else 20),
+        "op_kind": torch.full((10,), float(me + 1)),
+        "dtype": torch.ones(10, dtype=torch.float32 if me == 0 else torch.int32),
+        "algorithm": torch.ones(5000 if me == 0 else 10),  # RS+AG chunks vs one-shot
+        "reduce_op": torch.ones(10),
+        "all_gather_size": torch.ones(10 if me == 0 else 11),
+        "barrier_vs_all_reduce": torch.ones(10),
+    }
+    for key, make in cases.items():
+        comm = _shm(ctx, f"mismatch_{key}", timeout=timedelta(seconds=30))
+        ar_tensor = tensors[key]
+        attempt(key, make(comm), ar_tensor)
+        attempt(f"{key}_poisoned", lambda comm=comm: comm.barrier(False))
+        ctx.store.set(f"{key}_done{me}", "1")
+        ctx.store.wait([f"{key}_done{r}" for r in range(2)])
+        comm.finalize()
+
+    # A peer that finalizes while this rank waits for it.
+    early = _shm(ctx, "early_leaver", timeout=timedelta(seconds=30))
+    early.barrier(False)
+    if me == 1:
+        early.finalize()
+        ctx.store.set("left", "1")
+    else:
+        ctx.store.wait(["left"])
+        attempt("finalized_peer", lambda: early.all_reduce(torch.ones(10), ReduceOp.SUM, False))
+        early.finalize()
+    return out
+
+
+def test_timeout_mismatch_and_early_finalize_are_typed_and_poison() -> None:
+    r0, r1 = run_ranks(_timeouts_and_mismatches, 2, timeout=180)
+    got = r0["timeout"]
+    assert got["type"] == "CommTimeoutError", got
+    for part in (
+        "comm=skipper rank=0",
+        "all_reduce",
+        "timed out after 2 s",
+        "waiting for peer rank 1",
+    ):
+        assert part in got["text"], (part, got)
+    assert got["s"] < 30, got  # the 2 s timeout, far from the harness deadline (a hang guard)
+    poisoned = r0["timeout_poisoned"]
+    assert poisoned["type"] == "CommTimeoutError" and "earlier failure" in poisoned["text"], (
+        poisoned
+    )
+    assert "barrier" in poisoned["text"] and "waiting for peer rank 1" in poisoned["text"], poisoned
+
+    mismatch_keys = (
+        "size",
+        "op_kind",
+        "dtype",
+        "algorithm",
+        "reduce_op",
+        "all_gather_size",
+        "barrier_vs_all_reduce",
+    )
+    for key in mismatch_keys:
+        outcomes = [r0[key], r1[key]]
+        # Nobody returns (wrong) data; at least one rank names the mismatch, the other fails
+        # because of it (a mismatch or the peer's failure); nobody waits out the 30 s timeout.
+        assert all(
+            o["type"] in ("CollectiveMismatchError", "PeerFailureError") for o in outcomes
+        ), (key, outcomes)
+        assert any(o["type"] == "CollectiveMismatchError" for o in outcomes), (key, outcomes)
+        for rank, o in enumerate(outcomes):
+            if o["type"] == "CollectiveMismatchError":
+                assert f"does not match the collective of rank {1 - rank}" in o["text"], (key, o)
+            else:
+                assert f"peer rank {1 - rank} failed" in o["text"], (key, o)
+            assert o["s"] < 20, (key, o)
+            assert o["unchanged"], (key, rank, "tensor modified by a failed op")
+        for rank, r in enumerate((r0, r1)):
+            p = r[f"{key}_poisoned"]
+            assert p["type"] == outcomes[rank]["type"] and "earlier failure" in p["text"], (key, p)
+    fin = r0["finalized_peer"]
+    assert fin["type"] == "PeerFailureError", fin
+    assert "peer rank 1 finalized the communicator" in fin["text"], fin
+
+
+# ----------------------------------------------------------------------------- 5. point-to-point
+
+
+def _p2p(ctx: RankContext) -> dict[str, Any]:
+    """Crossed large async sends, batches to several peers, message order, mismatches, tags."""
+    me, w = ctx.rank, ctx.world_size
+    comm = _shm(ctx, "p2p", hints={"shm_slot_bytes": "4M"})  # default ring slots: 1 MiB
+    out: dict[str, Any] = {"transport": _transport(comm)}
+    peers = [p for p in range(w) if p != me]
+    big = (5 << 20) // 4  # 5 MiB of float32 / int32 per message
+
+    # Crossed: every rank first isends 5 MiB to every peer, then irecvs from every peer; a
+    # send cannot finish before its receiver posts, so completion needs non-blocking posts.
+    sends = [comm.send(torch.full((big,), float(10 * me + p)), p, True) for p in peers]
+    got = {p: torch.empty(big) for p in peers}
+    recvs = [comm.recv(got[p], p, True) for p in peers]
+    for work in (*sends, *recvs):
+        work.wait()
+    for p in peers:
+        assert torch.equal(got[p], torch.full((big,), float(10 * p + me))), p
+    # The same crossing with blocking calls ordered to pair up (lower rank sends first).
+    for p in peers:
+        mine, theirs = (
+            torch.arange(big, dtype=torch.int32) + me,
+            torch.empty(big, dtype=torch.int32),
+        )
+        if me < p:
+            comm.send(mine, p, False)
+            comm.recv(theirs, p, False)
+        else:
+            comm.recv(theirs, p, False)
+            comm.send(mine, p, False)
+        assert torch.equal(theirs, torch.arange(big, dtype=torch.int32) + p), p
+
+    # A batch to and from every peer, with several messages per peer of different sizes
+    # (one of them larger than a ring slot, one empty).
+    sizes = (3, 0, (3 << 20) // 8, 17)
+    batch = comm.batch_op_create()
+    inbox: dict[tuple[int, int], torch.Tensor] = {}
+    for p in peers:
+        for k, n in enumerate(sizes):
+            batch.send(torch.arange(n, dtype=torch.float64) * (me + 1) + k, p)
+            inbox[p, k] = torch.full((n,), -1.0, dtype=torch.float64)
+            batch.recv(inbox[p, k], p)
+    batch.issue(True).wait()
+    for (p, k), t in inbox.items():
+        exp = torch.arange(sizes[k], dtype=torch.float64) * (p + 1) + k
+        assert torch.equal(t, exp), (p, k)
+
+    # Order: many messages of one pair arrive in issue order (async sends, sync receives).
+    lengths = (1, 200_000, 5, 600_000, 0, 3, 1_500_000)
+    if me == 0:
+        works = [
+            comm.send(torch.full((n,), i, dtype=torch.int64), 1, True)
+            for i, n in enumerate(lengths)
+        ]
+        for work in works:
+            work.wait()
+    elif me == 1:
+        for i, n in enumerate(lengths):
+            t = torch.full((n,), -1, dtype=torch.int64)
+            comm.recv(t, 0, False)
+            assert torch.equal(t, torch.full((n,), i, dtype=torch.int64)), (i, n)
+
+    # Tag hints: matching tags in issue order deliver.
+    if me == 0:
+        comm.send(torch.tensor([7.0]), 1, False, hints={"tag": "5"})
+        comm.send(torch.tensor([8.0]), 1, False, hints={"tag": "6"})
+    elif me == 1:
+        a, b = torch.zeros(1), torch.zeros(1)
+        comm.recv(a, 0, False, hints={"tag": "5"})
+        comm.recv(b, 0, False, hints={"tag": "6"})
+        assert (a.item(), b.item()) == (7.0, 8.0)
+    comm.barrier(False)
+    comm.finalize()
+
+    # Mismatches (rank 1 receives; each poisons its comm, so each gets its own). A size
+    # mismatch fails at once; a receive whose tag no message carries waits out its timeout.
+    for key, send_kw, recv_n, recv_kw, error in (
+        ("size", {}, 20, {}, CollectiveMismatchError),
+        ("tag", {"hints": {"tag": "1"}}, 10, {"hints": {"tag": "2"}}, CommTimeoutError),
+    ):
+        bad = _shm(ctx, f"p2p_{key}", timeout=timedelta(seconds=2 if key == "tag" else 30))
+        if me == 0:
+            bad.send(torch.ones(10), 1, False, **send_kw)  # fits the ring: completes
+        elif me == 1:
+            t = torch.zeros(recv_n)
+            with pytest.raises(error) as info:
+                bad.recv(t, 0, False, **recv_kw)
+            out[key] = str(info.value)
+            assert torch.equal(t, torch.zeros(recv_n)), key  # nothing written
+            with pytest.raises(error, match="earlier failure"):
+                bad.send(torch.ones(1), 0, False)
+        ctx.store.set(f"{key}_done{me}", "1")
+        ctx.store.wait([f"{key}_done{r}" for r in range(w)])
+        bad.finalize()
+    return out
+
+
+def test_point_to_point_crossed_batched_ordered_and_mismatched() -> None:
+    results = run_ranks(_p2p, 3, timeout=180)
+    assert all(r["transport"].startswith("shm (3 ranks") for r in results), results
+    size = results[1]["size"]
+    assert "recv" in size and "comm=p2p_size rank=1" in size, size
+    assert (
+        "message from peer rank 0 does not match this receive: 40 bytes sent, 80 bytes expected"
+        in size
+    )
+    tag = results[1]["tag"]
+    assert "comm=p2p_tag rank=1" in tag and "timed out after 2 s" in tag, tag
+    assert "waiting for peer rank 0" in tag, tag
+
+
+def _tags_out_of_order(ctx: RankContext) -> list[float]:
+    """Receives posted in another tag order than the sends match by tag (as c10d does).
+
+    The first message is larger than a ring slot, so the ring must not stall behind it.
+    """
+    comm = _shm(ctx, "tag_order", timeout=timedelta(seconds=30))
+    big = (3 << 20) // 4
+    got: list[float] = []
+    if ctx.rank == 0:
+        sends = [comm.send(torch.full((big,), 1.0), 1, True, hints={"tag": "1"})]
+        sends.append(comm.send(torch.tensor([2.0]), 1, True, hints={"tag": "2"}))
+        sends.append(comm.send(torch.tensor([3.0]), 1, True))  # untagged
+        for work in sends:
+            work.wait()
+    else:
+        second, first, untagged = torch.zeros(1), torch.zeros(big), torch.zeros(1)
+        comm.recv(second, 0, False, hints={"tag": "2"})  # blocking: tag 1 must not block it
+        w0 = comm.recv(untagged, 0, True)
+        w1 = comm.recv(first, 0, True, hints={"tag": "1"})
+        w1.wait()
+        w0.wait()
+        assert torch.equal(first, torch.full((big,), 1.0))
+        got = [first[0].item(), second.item(), untagged.item()]
+    comm.finalize()
+    return got
+
+
+def test_tagged_messages_match_by_tag_out_of_order() -> None:
+    assert run_ranks(_tags_out_of_order, 2, timeout=60)[1] == [1.0, 2.0, 3.0]
+
+
+# ----------------------------------------------------------------------------- 6. selection
+
+
+def _selection(ctx: RankContext) -> dict[str, Any]:
+    """Which transport each setting picks, and how invalid or impossible settings fail."""
+    me = ctx.rank
+    out: dict[str, Any] = {}
+    seq = iter(range(100))
+
+    def make(**kw: Any) -> str:
+        comm = new_comm(
+            "gloo",
+            CPU,
+            name=f"sel{next(seq)}",
+            store=ctx.store,
+            timeout=timedelta(seconds=30),
+            **kw,
+        )
+        t = torch.full((5,), float(me + 1))
+        comm.all_reduce(t, ReduceOp.SUM, False)
+        assert torch.equal(t, torch.full((5,), 3.0))
+        transport = _transport(comm)
+        comm.finalize()
+        return transport
+
+    def fails(exc_type: type[BaseException], **kw: Any) -> str:
+        with pytest.raises(exc_type) as info:
+            new_comm(
+                "gloo",
+                CPU,
+                name=f"sel{next(seq)}",
+                store=ctx.store,
+                timeout=timedelta(seconds=30),
+                **kw,
+            )
+        return str(info.value)
+
+    for var in ("TORCHCOMM_TRANSPORT", "TORCHCOMM_HOST_ID"):
+        os.environ.pop(var, None)
+    out["default"] = make()
+    out["hint_shm"] = make(hints={"transport": "shm"})
+    out["hint_tcp"] = make(hints={"transport": "tcp"})
+    out["hint_auto"] = make(hints={"transport": " AUTO "})
+    os.environ["TORCHCOMM_TRANSPORT"] = "tcp"
+    out["env_tcp"] = make()
+    out["env_tcp_hint_shm"] = make(hints={"transport": "shm"})  # the hint wins
+    os.environ["TORCHCOMM_TRANSPORT"] = "shm"
+    out["env_shm"] = make()
+    os.environ["TORCHCOMM_TRANSPORT"] = "carrier-pigeon"
+    out["env_invalid"] = fails(RuntimeError)
+    del os.environ["TORCHCOMM_TRANSPORT"]
+    out["hint_invalid"] = fails(RuntimeError, hints={"transport": "udp"})
+    # A bad shm size setting fails on every rank at once (not only where it is read first).
+    start = time.monotonic()
+    out["slot_invalid"] = fails(RuntimeError, hints={"transport": "shm", "shm_slot_bytes": "1000"})
+    out["slot_invalid_s"] = time.monotonic() - start
+    # Different hosts (as far as locality knows): auto falls back to TCP, forced shm refuses.
+    os.environ["TORCHCOMM_HOST_ID"] = f"simulated-host-{me}"
+    out["two_hosts_auto"] = make()
+    out["two_hosts_shm"] = fails(CommError, hints={"transport": "shm"})
+    os.environ["TORCHCOMM_HOST_ID"] = "one-simulated-host"
+    out["same_host_id"] = make()
+    del os.environ["TORCHCOMM_HOST_ID"]
+    return out
+
+
+def test_transport_selection_by_hint_env_and_host_identity() -> None:
+    for rank, r in enumerate(run_ranks(_selection, 2, timeout=120)):
+        for key in (
+            "default",
+            "hint_shm",
+            "hint_auto",
+            "env_shm",
+            "env_tcp_hint_shm",
+            "same_host_id",
+        ):
+            assert r[key].startswith("shm (2 ranks on this host"), (rank, key, r[key])
+        for key in ("hint_tcp", "env_tcp"):
+            assert r[key] == "tcp (loopback: all ranks on this host)", (rank, key, r[key])
+        # Hierarchical placement needs a host with several members; one per host is plain TCP.
+        assert r["two_hosts_auto"] == "tcp (default interface: 2 hosts)", (rank, r)
+        assert r["env_invalid"] == (
+            "Invalid value for TORCHCOMM_TRANSPORT: 'carrier-pigeon' (expected one of auto, shm, tcp)"
+        ), r
+        assert (
+            r["hint_invalid"]
+            == "Invalid value for hint transport: 'udp' (expected one of auto, shm, tcp)"
+        ), r
+        assert r["slot_invalid"] == (
+            "Invalid value for shm slot bytes: 1000 (must be a multiple of 4096, at least 4096)"
+        ), r
+        assert r["slot_invalid_s"] < 10, r  # not the 30 s comm timeout on the ranks that wait
+        assert r["two_hosts_shm"] == (
+            f"[TorchCommGloo comm=sel{11} rank={rank}] transport=shm requested but the members "
+            "span 2 hosts; use auto or tcp"
+        ), r
