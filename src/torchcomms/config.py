@@ -165,7 +165,6 @@ def check_collectives() -> bool:
 # -- transport (CPU backend) ---------------------------------------------------------------------
 TRANSPORTS = ("auto", "shm", "tcp")
 SHM_SLOT_BYTES_DEFAULT = 1 << 20
-SHM_ONESHOT_MAX_DEFAULT = 64 << 10
 _UNITS = {
     "": 1,
     "K": 1 << 10,
@@ -242,13 +241,12 @@ def shm_pair_bytes(hint: str | None) -> int | None:
     return None if value is None else _page_multiple("shm pair bytes", value)
 
 
-def shm_oneshot_max(hint: str | None) -> int:
-    """Largest all_reduce/reduce done one-shot (``TORCHCOMM_SHM_ONESHOT_MAX_BYTES``)."""
-    value = _bytes_setting(
-        "shm_oneshot_max", "TORCHCOMM_SHM_ONESHOT_MAX_BYTES", hint, SHM_ONESHOT_MAX_DEFAULT
-    )
-    assert value is not None
-    return value
+def shm_oneshot_max(hint: str | None) -> int | None:
+    """Largest all_reduce/reduce (chunk) done one-shot (``TORCHCOMM_SHM_ONESHOT_MAX_BYTES``).
+
+    None (unset): chosen by the transport from the member count (measured; see README).
+    """
+    return _bytes_setting("shm_oneshot_max", "TORCHCOMM_SHM_ONESHOT_MAX_BYTES", hint, None)
 
 
 HIER_SMALL_MAX_DEFAULT = 1 << 20  # measured: the simulated 2 x 2 world

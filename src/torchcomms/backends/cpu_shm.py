@@ -47,6 +47,20 @@ def _pair_bytes(size: int, configured: int | None) -> int:
     return max(64 << 10, min(1 << 20, per)) // 4096 * 4096
 
 
+def _oneshot_max(size: int, slot: int) -> int:
+    """Where all_reduce switches from one-shot to reduce-scatter + all-gather (per chunk).
+
+    Measured with the bench on 2 cores (see README): with two ranks one-shot wins at every
+    size (its one round beats two), so every slot-sized chunk goes one-shot; with more
+    ranks the switch lies between 64 KiB and 256 KiB.
+    """
+    return slot if size <= 2 else ONESHOT_MAX_MANY
+
+
+#: The one-shot limit for three or more ranks (bytes).
+ONESHOT_MAX_MANY = 128 << 10
+
+
 def connect(
     store: c10d.Store,
     rank: int,
@@ -60,7 +74,8 @@ def connect(
     # Every rank validates the settings (rank 0's values are used), so a bad value fails
     # everywhere at once instead of leaving the other ranks waiting for a segment.
     slot = config.shm_slot_bytes(hints.get("shm_slot_bytes"))
-    oneshot = config.shm_oneshot_max(hints.get("shm_oneshot_max"))
+    configured = config.shm_oneshot_max(hints.get("shm_oneshot_max"))
+    oneshot = _oneshot_max(size, slot) if configured is None else configured
     pair = _pair_bytes(size, config.shm_pair_bytes(hints.get("shm_pair_bytes")))
     if rank == 0:
         shm_segment.sweep_stale()

@@ -171,6 +171,13 @@ class ShmCollectives:
         pair = self.size == 2
         for start in range(0, n, cap):
             chunk = flat[start : start + cap]
+            cn = chunk.numel()
+            if cn * dtype.itemsize <= self.oneshot_max:  # slot-sized one-shot rounds
+                chunk_plan = self._oneshot_plans.get((dtype, cn, op.type))
+                if chunk_plan is None:
+                    chunk_plan = self._oneshot_plan(dtype, cn, op)
+                self._oneshot_all_reduce(chunk, op, chunk_plan, deadline, fp)
+                continue
             first = fp if start == 0 else None
             if pair and self._pair_reduce_exchange(chunk, op, first, deadline):
                 continue
@@ -192,11 +199,21 @@ class ShmCollectives:
         return plan
 
     def _oneshot_all_reduce(
-        self, flat: torch.Tensor, op: ReduceOp, plan: _Plan | bool, deadline: float
+        self,
+        flat: torch.Tensor,
+        op: ReduceOp,
+        plan: _Plan | bool,
+        deadline: float,
+        whole_fp: int | None = None,
     ) -> None:
-        """One round, flags touched inline: the small-message latency path."""
+        """One round, flags touched inline: the small-message latency path.
+
+        ``whole_fp``: the fingerprint of the whole op when ``flat`` is one chunk of it.
+        """
         assert plan is not False and plan is not True
         fp, slots, rows = plan
+        if whole_fp is not None:
+            fp = whole_fp
         chan = self.chan
         flags = chan.flags
         k = chan.round + 1
