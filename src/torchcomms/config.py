@@ -259,3 +259,17 @@ def hier_small_max(hint: str | None) -> int:
     )
     assert value is not None
     return value
+
+
+def shm_wait_policy() -> tuple[int, int, int] | None:
+    """``TORCHCOMM_SHM_WAIT=spins,yield_us,sleep_max_us``: override the shm wait policy (tuning)."""
+    raw = os.environ.get("TORCHCOMM_SHM_WAIT")
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        spins, yield_us, sleep_us = (int(x) for x in raw.split(","))
+    except ValueError:
+        raise RuntimeError(
+            f"Invalid value for TORCHCOMM_SHM_WAIT: {raw!r} (expected spins,yield_us,sleep_max_us)"
+        ) from None
+    return spins, yield_us, sleep_us

@@ -26,11 +26,13 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 
 import torch
 
+from torchcomms import config
 from torchcomms.transport import futex, shm_segment
 
 logger = logging.getLogger("torchcomms.transport.shm")
@@ -89,12 +91,14 @@ class WaitPolicy:
         self.spins = 0 if self.oversubscribed else 32
         # Yielding hands the core to a peer that shares it; past this, block on a futex
         # doorbell (a peer that writes a flag rings it), so long waits cost no CPU.
-        self.yield_s = 0.0002
+        # On the dev VM a futex wake-up of an idle vCPU takes 0.15-4 ms, so a wait yields for
+        # a millisecond before it sleeps (bounded CPU, and short waits never pay a wake-up).
+        self.yield_s = 0.001
         self.sleep_max_s = 0.001
-        tuned = os.environ.get("TORCHCOMM_SHM_WAIT")  # "spins,yield_us,sleep_max_us" (tuning)
-        if tuned:
-            spins, yield_us, sleep_us = (int(x) for x in tuned.split(","))
-            self.spins, self.yield_s, self.sleep_max_s = spins, yield_us * 1e-6, sleep_us * 1e-6
+        tuned = config.shm_wait_policy()
+        if tuned is not None:
+            self.spins, yield_us, sleep_us = tuned
+            self.yield_s, self.sleep_max_s = yield_us * 1e-6, sleep_us * 1e-6
 
 
 class Layout:
@@ -242,6 +246,7 @@ class ShmChannel:
     def ring(self) -> None:
         """After writing a flag: wake the peers that went to sleep waiting for one."""
         flags = self.flags
+        _full_fence()  # our flag store must be visible before we read the peers' "asleep"
         for asleep, bell in self._peer_bells:
             if flags[asleep]:
                 flags[bell] += 1
@@ -252,6 +257,7 @@ class ShmChannel:
         flags = self.flags
         seen = flags[self._bell]
         flags[self._asleep] = 1
+        _full_fence()  # "asleep" must be visible before ready() reads the peers' flags
         try:
             if not ready():  # re-check after announcing the sleep: a ring may have been missed
                 futex.wait(self._base + self._bell * 8, seen, timeout_s)
@@ -445,6 +451,17 @@ class ShmChannel:
             mm.close()
         except BufferError:  # a view escaped; the mapping goes with its last reference
             logger.debug("shm segment view still referenced at close", extra={})
+
+
+_fence_lock = threading.Lock()
+
+
+def _full_fence() -> None:
+    """A full memory barrier: x86 may let a later load pass an earlier store, which would let
+    a waker miss "asleep" while the sleeper misses the flag (a lost wake-up).  Taking and
+    releasing a lock runs locked read-modify-write instructions, which order both."""
+    _fence_lock.acquire()
+    _fence_lock.release()
 
 
 def _itemsize(dtype: torch.dtype) -> int:
