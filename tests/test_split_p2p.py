@@ -682,6 +682,8 @@ def _every_op_with_options(ctx: RankContext) -> list[str]:
     assert t.item() == 2 * (r - r % 2) + 1
     done.append("split")
     child.finalize()
+    # Rank 0 serves the comm's store: the other pair may still be creating its split.
+    comm.barrier(False)
     comm.finalize()
     return done
 
