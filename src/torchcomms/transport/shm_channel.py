@@ -353,7 +353,6 @@ class ShmChannel:
             if now < yield_until:
                 sched_yield()
             elif futex.AVAILABLE:
-
                 waiting = [i for i, _ in pending]
                 self._doze(
                     lambda waiting=waiting: all(flags[i] >= value for i in waiting),  # type: ignore[misc]
