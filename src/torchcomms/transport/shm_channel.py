@@ -271,9 +271,6 @@ class ShmChannel:
     def wait_rank(self, k: int, rank: int, deadline: float) -> None:
         self._wait([self._all_pub[rank]], [rank], k, deadline, "to arrive")
 
-    def fingerprint(self, rank: int, k: int) -> int:
-        return self.flags[self.layout.rank_flag(rank, META0 + (k & 1))]
-
     def check_fingerprints(
         self, k: int, mine: int, what: str, ranks: Sequence[int] | None = None
     ) -> None:
