@@ -21,7 +21,6 @@ The hierarchical (several simulated hosts) path is tested elsewhere.
 
 from __future__ import annotations
 
-import functools
 import gc
 import json
 import os
@@ -38,6 +37,14 @@ import pytest
 import torch
 
 from tests.harness import RankContext, RankFailure, run_ranks
+from tests.reference import (
+    ALL_DTYPES,
+    FLOAT_TOL,
+    reds_for,
+    reduce_ref,
+)
+from tests.reference import make_reduce_op as make_op
+from tests.reference import rank_data as data
 from torchcomms import (
     CollectiveMismatchError,
     CommError,
@@ -60,97 +67,6 @@ COMM_TIMEOUT = timedelta(seconds=60)
 #: 1 and 7: one-shot; 300: one-shot only for 1-byte dtypes; 1025: reduce-scatter+all-gather
 #: for every dtype, chunked for 8-byte dtypes (1024 per 8 KiB slot); 5000: chunked for >= 2 bytes.
 SIZES = (1, 7, 300, 1025, 5000)
-
-FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-INT_DTYPES = (torch.int8, torch.uint8, torch.int32, torch.int64)
-ALL_DTYPES = (*FLOAT_DTYPES, *INT_DTYPES, torch.bool)
-
-BITWISE = ("BAND", "BOR", "BXOR")
-PREMUL_FLOAT = "PREMUL_SUM(2.0)"
-PREMUL_TENSOR = "PREMUL_SUM(tensor[0.5])"
-PREMUL_FACTORS = {PREMUL_FLOAT: 2.0, PREMUL_TENSOR: 0.5}
-
-#: Tolerances (rtol, atol) against the float64 reference; only AVG divides.
-FLOAT_TOL = {
-    torch.float32: (1e-6, 1e-6),
-    torch.float64: (1e-12, 1e-12),
-    torch.float16: (1e-3, 1e-3),
-    torch.bfloat16: (1e-2, 1e-2),
-}
-
-
-def reds_for(dtype: torch.dtype) -> tuple[str, ...]:
-    """Every reduce op the API accepts on ``dtype``."""
-    if dtype.is_floating_point:
-        return ("SUM", "PRODUCT", "MIN", "MAX", "AVG", PREMUL_FLOAT, PREMUL_TENSOR)
-    if dtype is torch.bool:
-        return ("SUM", "PRODUCT", "MIN", "MAX", *BITWISE)
-    return ("SUM", "PRODUCT", "MIN", "MAX", *BITWISE, "AVG")
-
-
-def make_op(red: str) -> ReduceOp:
-    if red == PREMUL_FLOAT:
-        return ReduceOp.PREMUL_SUM(PREMUL_FACTORS[red])
-    if red == PREMUL_TENSOR:
-        return ReduceOp.PREMUL_SUM(torch.tensor([PREMUL_FACTORS[red]], dtype=torch.bfloat16))
-    op = getattr(ReduceOp, red)
-    assert isinstance(op, ReduceOp)
-    return op
-
-
-def data(
-    rank: int, n: int, dtype: torch.dtype, red: str | None = None, salt: int = 0
-) -> torch.Tensor:
-    """Rank ``rank``'s integer-valued input: exact in every dtype after any reduction over 4 ranks.
-
-    Arithmetic values lie in [-2, 2] ([0, 3] for uint8), bitwise ones span 4 bits.
-    """
-    idx = torch.arange(n, dtype=torch.int64) + salt
-    if dtype is torch.bool:
-        return (rank + idx) % 3 != 0
-    signed = dtype is not torch.uint8
-    if red in BITWISE:
-        v = (5 * rank + 3 * idx + 1) % 16 - (8 if signed else 0)
-    else:
-        v = (3 * rank + 2 * idx + 1) % (5 if signed else 4) - (2 if signed else 0)
-    return v.to(dtype)
-
-
-def reduce_ref(inputs: Sequence[torch.Tensor], red: str, dtype: torch.dtype) -> torch.Tensor:
-    """The reduction of one tensor per rank, computed in int64 / float64, cast to ``dtype``."""
-    if dtype is torch.bool:
-        stacked = torch.stack(list(inputs))
-        if red in ("SUM", "MAX", "BOR"):
-            return stacked.any(0)
-        if red in ("PRODUCT", "MIN", "BAND"):
-            return stacked.all(0)
-        return stacked.to(torch.int64).sum(0) % 2 == 1
-    wide = torch.stack(
-        [t.to(torch.float64 if dtype.is_floating_point else torch.int64) for t in inputs]
-    )
-    if red == "SUM":
-        out = wide.sum(0)
-    elif red == "PRODUCT":
-        out = wide.prod(0)
-    elif red == "MIN":
-        out = wide.amin(0)
-    elif red == "MAX":
-        out = wide.amax(0)
-    elif red in BITWISE:
-        fn = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}[red]
-        out = functools.reduce(fn, list(wide))
-    elif red == "AVG":
-        total = wide.sum(0)
-        size = len(inputs)
-        out = (
-            total / size
-            if dtype.is_floating_point
-            else torch.div(total, size, rounding_mode="trunc")
-        )
-    else:
-        out = (wide * PREMUL_FACTORS[red]).sum(0)
-    return out.to(dtype)
-
 
 def sentinel(n: int, dtype: torch.dtype) -> torch.Tensor:
     """An output buffer whose elements no expected value has (bool: a fixed pattern)."""

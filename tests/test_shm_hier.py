@@ -43,6 +43,7 @@ import pytest
 import torch
 
 from tests.harness import RankContext, run_ranks, timeout_scale
+from tests.reference import ALL_DTYPES, ALL_REDS, PREMUL_FACTORS, make_reduce_op, reds_for
 from torchcomms import (
     CommTimeoutError,
     PeerFailureError,
@@ -61,14 +62,6 @@ BLOCKED = ("h0", "h0", "h1", "h1")
 INTERLEAVED = ("h0", "h1", "h0", "h1")
 UNEVEN = ("h0", "h0", "h1")
 
-FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-INT_DTYPES = (torch.int8, torch.uint8, torch.int32, torch.int64)
-ALL_DTYPES = (*FLOAT_DTYPES, *INT_DTYPES, torch.bool)
-BITWISE = ("BAND", "BOR", "BXOR")
-PREMUL_FLOAT = "PREMUL_SUM(2.0)"
-PREMUL_TENSOR = "PREMUL_SUM(tensor[0.5])"
-PREMUL_FACTORS = {PREMUL_FLOAT: 2.0, PREMUL_TENSOR: 0.5}
-ALL_REDS = ("SUM", "PRODUCT", "MIN", "MAX", *BITWISE, "AVG", PREMUL_FLOAT, PREMUL_TENSOR)
 
 #: Hints of the hierarchical comms: library defaults (leader-based up to 1 MiB), a 64 KiB
 #: switch, and a tiny switch with tiny shm slots (the sharded path across chunk boundaries).
@@ -107,31 +100,9 @@ def transport_of(comm: TorchComm) -> str:
     return str(comm.get_backend_impl().transport)  # type: ignore[attr-defined]
 
 
-def reduce_op(red: str) -> ReduceOp:
-    if red == PREMUL_FLOAT:
-        return ReduceOp.PREMUL_SUM(2.0)
-    if red == PREMUL_TENSOR:
-        return ReduceOp.PREMUL_SUM(torch.tensor([0.5]))
-    return getattr(ReduceOp, red)
-
-
-def applies(red: str, dtype: torch.dtype) -> bool:
-    """The combinations the library accepts (the rest are validation errors elsewhere)."""
-    if dtype.is_floating_point:
-        return red not in BITWISE
-    if dtype is torch.bool:
-        return red not in (PREMUL_FLOAT, PREMUL_TENSOR, "AVG")
-    return red not in (PREMUL_FLOAT, PREMUL_TENSOR)
-
-
 def cases(sizes: Sequence[int]) -> list[tuple[torch.dtype, str, int]]:
-    return [
-        (dtype, red, n)
-        for dtype in ALL_DTYPES
-        for red in ALL_REDS
-        if applies(red, dtype)
-        for n in sizes
-    ]
+    """Every dtype with every reduce op the library accepts on it, at every size."""
+    return [(dtype, red, n) for dtype in ALL_DTYPES for red in reds_for(dtype) for n in sizes]
 
 
 def case_seed(dtype: torch.dtype, red: str, numel: int) -> int:
@@ -200,10 +171,10 @@ def check_all_reduce(
         key = (dtype, red, n)
         if key not in tcp_results:
             flat = datas[rank].clone()
-            tcp.all_reduce(flat, reduce_op(red), async_op=False)
+            tcp.all_reduce(flat, make_reduce_op(red), async_op=False)
             tcp_results[key] = flat
         got = datas[rank].clone()
-        comm.all_reduce(got, reduce_op(red), async_op=False)
+        comm.all_reduce(got, make_reduce_op(red), async_op=False)
         checked += 1
         if not torch.equal(got, expected):
             bad = (got != expected).nonzero()[:3].flatten().tolist()
@@ -469,10 +440,10 @@ def netns_rank_main() -> None:
         datas = [rank_data(r, n, dtype, case_seed(dtype, red, n)) for r in range(size)]
         want = reference(red, datas)
         flat = datas[rank].clone()
-        tcp.all_reduce(flat, reduce_op(red), async_op=False)
+        tcp.all_reduce(flat, make_reduce_op(red), async_op=False)
         tcp_results[(dtype, red, n)] = flat
         got = datas[rank].clone()
-        comm.all_reduce(got, reduce_op(red), async_op=False)
+        comm.all_reduce(got, make_reduce_op(red), async_op=False)
         checked += 1
         if not (torch.equal(got, want) and torch.equal(got, flat)):
             failures.append(f"all_reduce {red} {dtype} n={n}")

@@ -1,10 +1,23 @@
-"""Helpers shared by the CPU backend's transports: host staging and AVG's final division."""
+"""What the CPU backend's transports share: its dtypes, host staging, AVG's final division."""
 
 from __future__ import annotations
 
 import torch
 
 from torchcomms.types import RedOpType, ReduceOp
+
+#: The dtypes the CPU backend supports, in a fixed order (shm fingerprints number them).
+CPU_DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.uint8,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+)
 
 
 class on_host:

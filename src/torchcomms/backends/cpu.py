@@ -31,7 +31,7 @@ import torch._C._distributed_c10d as c10d
 
 from torchcomms import bootstrap, config
 from torchcomms.backends import cpu_hier, cpu_shm
-from torchcomms.backends._host import host_flat
+from torchcomms.backends._host import CPU_DTYPES, finish_average, host_flat
 from torchcomms.backends._host import on_host as _on_host
 from torchcomms.backends._host import overlaps as _overlaps
 from torchcomms.backends.base import TorchCommBackend
@@ -47,25 +47,18 @@ from torchcomms.errors import (
 )
 from torchcomms.executor import Completion, OpExecutor
 from torchcomms.transport import shm_segment
-from torchcomms.transport.shm_channel import STATE_FAILED, STATE_FINALIZED, ShmWaitError
+from torchcomms.transport.shm_channel import (
+    STATE_FAILED,
+    STATE_FINALIZED,
+    ShmWaitError,
+    ranks_text,
+)
 from torchcomms.types import CommOptions, OpOptions, P2POp, P2POpType, RedOpType, ReduceOp
 from torchcomms.work import AsyncWork, CompletedWork, TorchWork
 
 logger = logging.getLogger("torchcomms.backends.cpu")
 
-SUPPORTED_DTYPES = frozenset(
-    {
-        torch.float32,
-        torch.float64,
-        torch.float16,
-        torch.bfloat16,
-        torch.int8,
-        torch.uint8,
-        torch.int32,
-        torch.int64,
-        torch.bool,
-    }
-)
+SUPPORTED_DTYPES = frozenset(CPU_DTYPES)
 
 _C10D_OPS = {
     RedOpType.SUM: c10d.ReduceOp.SUM,
@@ -108,11 +101,6 @@ def _tag_hint(hints: dict[str, str]) -> int | None:
     if tag < 0:
         raise CommValidationError(f"send/recv hint 'tag' must be >= 0, got {tag}")
     return tag
-
-
-def _ranks_text(ranks: Sequence[int]) -> str:
-    unique = sorted(set(ranks))
-    return f"peer rank{'s' if len(unique) > 1 else ''} {', '.join(map(str, unique))}"
 
 
 _PEER_MARKERS = (
@@ -217,7 +205,8 @@ class TorchCommGloo(TorchCommBackend):
         self._hints = dict(options.hints)
         self._store = store
         self._peers = self._exchange_identities(store.store)
-        if self._use_shm(config.transport(options.hints.get("transport"))):
+        mode = config.transport(options.hints.get("transport"))
+        if self._use_shm(mode):
             self._shm = cpu_shm.connect(
                 c10d.PrefixStore("shm", store.store),
                 rank,
@@ -237,7 +226,6 @@ class TorchCommGloo(TorchCommBackend):
             self._pg = c10d.ProcessGroupGloo(
                 c10d.PrefixStore("gloo", store.store), rank, size, gloo_opts
             )
-            mode = config.transport(options.hints.get("transport"))
             if mode != "tcp" and cpu_hier.wanted(self._peers) and not cpu_shm.unsupported_reason():
                 # all_reduce/broadcast/barrier: shm inside each host, gloo between hosts.
                 self._hier = cpu_hier.connect(
@@ -485,16 +473,16 @@ class TorchCommGloo(TorchCommBackend):
         if dead:
             # A dead local peer explains a broken connection or a timeout: say so, by rank.
             error = PeerFailureError(
-                self._prefix(opts) + f"{_ranks_text(dead)} died (process gone) ({text.strip()})"
+                self._prefix(opts) + f"{ranks_text(dead)} died (process gone) ({text.strip()})"
             )
         elif timed_out:
-            waiting = f" waiting for {_ranks_text(peers)}" if peers else ""
+            waiting = f" waiting for {ranks_text(peers)}" if peers else ""
             error = CommTimeoutError(
                 self._prefix(opts)
                 + f"timed out after {opts.timeout.total_seconds():g} s{waiting} ({text.strip()})"
             )
         else:
-            who = _ranks_text(peers) if peers else "a peer"
+            who = ranks_text(peers) if peers else "a peer"
             error = PeerFailureError(self._prefix(opts) + f"{who} failed ({text.strip()})")
         return self._poisoned(error)
 
@@ -535,13 +523,6 @@ class TorchCommGloo(TorchCommBackend):
         if op.type is RedOpType.PREMUL_SUM:
             tensor.mul_(op.factor_value())
 
-    def _postprocess(self, tensor: torch.Tensor, op: ReduceOp) -> None:
-        if op.type is RedOpType.AVG:
-            if tensor.is_floating_point():
-                tensor.div_(self._size)
-            else:
-                tensor.copy_(torch.div(tensor, self._size, rounding_mode="trunc"))
-
     def _allreduce_inplace(self, tensor: torch.Tensor, op: ReduceOp, deadline: _Deadline) -> None:
         pg = self._pg_checked()
         o = c10d.AllreduceOptions()
@@ -549,7 +530,7 @@ class TorchCommGloo(TorchCommBackend):
         left = deadline.arm(o)
         self._premultiply(tensor, op)
         pg.allreduce([tensor], o).wait(left)
-        self._postprocess(tensor, op)
+        finish_average(tensor, op, self._size)
 
     def all_reduce(
         self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, options: OpOptions
@@ -595,7 +576,7 @@ class TorchCommGloo(TorchCommBackend):
         self._premultiply(tensor, op)
         pg.reduce([tensor], o).wait(left)
         if self._rank == root:
-            self._postprocess(tensor, op)
+            finish_average(tensor, op, self._size)
 
     def broadcast(
         self, tensor: torch.Tensor, root: int, async_op: bool, options: OpOptions
@@ -834,7 +815,7 @@ class TorchCommGloo(TorchCommBackend):
         o.reduceOp = _c10d_op(op, out.dtype)
         left = deadline.arm(o)
         pg._reduce_scatter_base(out, flat_in, o).wait(left)
-        self._postprocess(out, op)
+        finish_average(out, op, self._size)
 
     def reduce_scatter_single(
         self,

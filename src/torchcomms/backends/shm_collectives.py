@@ -25,25 +25,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from torchcomms.backends._host import CPU_DTYPES
 from torchcomms.transport.shm_channel import META0, ShmChannel
 from torchcomms.types import RedOpType, ReduceOp
 
-_DTYPE_CODES = {
-    dt: i
-    for i, dt in enumerate(
-        (
-            torch.float32,
-            torch.float64,
-            torch.float16,
-            torch.bfloat16,
-            torch.int8,
-            torch.uint8,
-            torch.int32,
-            torch.int64,
-            torch.bool,
-        )
-    )
-}
+# Stable across processes: the fingerprint must not depend on hash randomisation.
+_DTYPE_CODES = {dt: i for i, dt in enumerate(CPU_DTYPES)}
 
 (
     _ALL_REDUCE,

@@ -161,16 +161,12 @@ class ShmChannel:
         self.aborted = False
         # Called while a collective waits past its spin phase (the p2p engine's progress).
         self.idle: Callable[[], None] | None = None
-        self._pub = layout.rank_flag(rank, PUBLISHED)
-        self._cons = layout.rank_flag(rank, CONSUMED)
         self._peers = [r for r in range(self.size) if r != rank]
-        self._all_pub = [layout.rank_flag(r, PUBLISHED) for r in range(self.size)]
-        self._peer_cons = [layout.rank_flag(r, CONSUMED) for r in self._peers]
-        # Flag indices the hot paths use directly (per slot parity for the meta lines).
-        self.pub_index = self._pub
-        self.cons_index = self._cons
-        self.all_pub = self._all_pub
-        self.peer_cons = self._peer_cons
+        # Flag indices, also used directly by the hot paths (per slot parity for meta lines).
+        self.pub_index = layout.rank_flag(rank, PUBLISHED)
+        self.cons_index = layout.rank_flag(rank, CONSUMED)
+        self.all_pub = [layout.rank_flag(r, PUBLISHED) for r in range(self.size)]
+        self.peer_cons = [layout.rank_flag(r, CONSUMED) for r in self._peers]
         self.my_meta = [layout.rank_flag(rank, META0 + p) for p in (0, 1)]
         self._base = self.data.data_ptr()
         self._bell = layout.rank_flag(rank, DOORBELL) + _BELL
@@ -219,7 +215,7 @@ class ShmChannel:
         self, k: int, dtype: torch.dtype, numel: int, at: int = 0, nranks: int | None = None
     ) -> torch.Tensor:
         """``[nranks, numel]``: the same element range of every rank's slot for round ``k``."""
-        itemsize = _itemsize(dtype)
+        itemsize = dtype.itemsize
         n = self.size if nranks is None else nranks
         return self.view(
             self.layout.slot_offset(k & 1, 0) + at * itemsize,
@@ -229,18 +225,18 @@ class ShmChannel:
         )
 
     def slot_capacity(self, dtype: torch.dtype) -> int:
-        return self.layout.slot_bytes // _itemsize(dtype)
+        return self.layout.slot_bytes // dtype.itemsize
 
     # -- round protocol --------------------------------------------------------------------
     def acquire(self, k: int, deadline: float) -> None:
         """Before writing round ``k`` (slot or meta): wait until its last readers are done."""
         if k > 2:
-            self._wait(self._peer_cons, self._peers, k - 2, deadline, "to release a slot")
+            self._wait(self.peer_cons, self._peers, k - 2, deadline, "to release a slot")
 
     def publish(self, k: int, fingerprint: int | None = None) -> None:
         if fingerprint is not None:
             self.flags[self.layout.rank_flag(self.rank, META0 + (k & 1))] = fingerprint
-        self.flags[self._pub] = k
+        self.flags[self.pub_index] = k
         self.ring()
 
     def ring(self) -> None:
@@ -266,10 +262,10 @@ class ShmChannel:
 
     def wait_all(self, k: int, deadline: float) -> None:
         """Wait until every rank has published round ``k``."""
-        self._wait(self._all_pub, range(self.size), k, deadline, "to arrive")
+        self._wait(self.all_pub, range(self.size), k, deadline, "to arrive")
 
     def wait_rank(self, k: int, rank: int, deadline: float) -> None:
-        self._wait([self._all_pub[rank]], [rank], k, deadline, "to arrive")
+        self._wait([self.all_pub[rank]], [rank], k, deadline, "to arrive")
 
     def check_fingerprints(
         self, k: int, mine: int, what: str, ranks: Sequence[int] | None = None
@@ -296,7 +292,7 @@ class ShmChannel:
             )
 
     def finish(self, k: int) -> None:
-        self.flags[self._cons] = k
+        self.flags[self.cons_index] = k
         self.round = k
         self.ring()
 
@@ -423,11 +419,11 @@ class ShmChannel:
             raise ShmWaitError(
                 "dead",
                 dead,
-                f"{_ranks_text(dead)} died (process gone) while this rank waited for "
+                f"{ranks_text(dead)} died (process gone) while this rank waited for "
                 f"{'them' if len(dead) > 1 else 'it'} {what}",
             )
         if now >= deadline:
-            raise ShmWaitError("timeout", ranks, f"waiting for {_ranks_text(ranks)} {what}")
+            raise ShmWaitError("timeout", ranks, f"waiting for {ranks_text(ranks)} {what}")
 
     # -- lifecycle -------------------------------------------------------------------------
     def close(self, state: int = STATE_FINALIZED) -> None:
@@ -460,10 +456,7 @@ def _full_fence() -> None:
     _fence_lock.release()
 
 
-def _itemsize(dtype: torch.dtype) -> int:
-    return dtype.itemsize
-
-
-def _ranks_text(ranks: Sequence[int]) -> str:
+def ranks_text(ranks: Sequence[int]) -> str:
+    """``peer rank 2`` / ``peer ranks 1, 3``: how every CPU-backend error names peers."""
     unique = sorted(set(ranks))
     return f"peer rank{'s' if len(unique) > 1 else ''} {', '.join(map(str, unique))}"
