@@ -28,7 +28,6 @@ plain tcp path on the simulated 2 x 2 world and prints a table.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import shutil
@@ -43,7 +42,7 @@ import pytest
 import torch
 
 from tests.harness import RankContext, run_ranks, timeout_scale
-from tests.reference import ALL_DTYPES, ALL_REDS, PREMUL_FACTORS, make_reduce_op, reds_for
+from tests.reference import ALL_DTYPES, ALL_REDS, make_reduce_op, reds_for, reduce_ref
 from torchcomms import (
     CommTimeoutError,
     PeerFailureError,
@@ -120,36 +119,17 @@ def rank_data(rank: int, numel: int, dtype: torch.dtype, seed: int) -> torch.Ten
 
 
 def reference(red: str, datas: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The reduction of every rank's data, computed here in wide dtypes, then cast."""
+    """The reduction of every rank's data, computed independently of the library.
+
+    AVG divides the sum in the tensor's dtype, as the library does (sum, then one division).
+    """
     dtype = datas[0].dtype
-    stacked = torch.stack(list(datas))
-    if dtype is torch.bool:
-        if red in ("SUM", "MAX", "BOR"):
-            return stacked.any(0)
-        if red in ("PRODUCT", "MIN", "BAND"):
-            return stacked.all(0)
-        return stacked.to(torch.int64).sum(0) % 2 == 1
-    wide = stacked.to(torch.float64 if dtype.is_floating_point else torch.int64)
-    if red in ("SUM", "AVG"):
-        out = wide.sum(0)
-    elif red in PREMUL_FACTORS:
-        out = (wide * PREMUL_FACTORS[red]).sum(0)
-    elif red == "PRODUCT":
-        out = wide.prod(0)
-    elif red == "MIN":
-        out = wide.amin(0)
-    elif red == "MAX":
-        out = wide.amax(0)
-    else:
-        fn = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}
-        out = functools.reduce(fn[red], list(wide))
-    result = out.to(dtype)
-    if red == "AVG":
-        if dtype.is_floating_point:
-            result.div_(len(datas))
-        else:
-            result = torch.div(result, len(datas), rounding_mode="trunc")
-    return result
+    if red != "AVG":
+        return reduce_ref(datas, red, dtype)
+    total = reduce_ref(datas, "SUM", dtype)
+    if dtype.is_floating_point:
+        return total.div_(len(datas))
+    return torch.div(total, len(datas), rounding_mode="trunc")
 
 
 def check_all_reduce(
