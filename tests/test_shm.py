@@ -1045,3 +1045,70 @@ def test_transport_selection_by_hint_env_and_host_identity() -> None:
             f"[TorchCommGloo comm=sel{11} rank={rank}] transport=shm requested but the members "
             "span 2 hosts; use auto or tcp"
         ), r
+
+
+# ----------------------------------------------------------------------------- 7. bad settings
+
+
+def test_bad_sizes_wait_policy_segments_and_platform_raise_clear_errors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Single-process checks of every set-up error the transport can raise, by type and text."""
+    from torchcomms import config
+    from torchcomms.backends import cpu_shm
+    from torchcomms.transport.shm_channel import Layout, WaitPolicy
+
+    # Byte counts: units accepted, garbage and negatives refused with the setting's name.
+    assert config.parse_bytes("TORCHCOMM_SHM_SLOT_BYTES", "64K") == 65536
+    assert config.parse_bytes("TORCHCOMM_SHM_SLOT_BYTES", "4MiB") == 4 << 20
+    with pytest.raises(RuntimeError, match=r"TORCHCOMM_SHM_SLOT_BYTES: '4X' \(expected a byte"):
+        config.parse_bytes("TORCHCOMM_SHM_SLOT_BYTES", "4X")
+    with pytest.raises(RuntimeError, match=r"hint shm_pair_bytes: '-1' \(must not be negative\)"):
+        config.parse_bytes("hint shm_pair_bytes", "-1")
+    with pytest.raises(ValueError, match="positive multiples of 4096"):
+        Layout(2, 1000, 4096)
+
+    # The wait-policy override: three integers, or a clear error.
+    monkeypatch.setenv("TORCHCOMM_SHM_WAIT", "0,20,500")
+    policy = WaitPolicy(2, cores=2)
+    assert policy.spins == 0
+    assert policy.yield_s == pytest.approx(20e-6) and policy.sleep_max_s == pytest.approx(500e-6)
+    monkeypatch.setenv("TORCHCOMM_SHM_WAIT", "1,2")
+    with pytest.raises(RuntimeError, match=r"TORCHCOMM_SHM_WAIT: '1,2' \(expected spins,"):
+        WaitPolicy(2, cores=2)
+    monkeypatch.delenv("TORCHCOMM_SHM_WAIT")
+    assert WaitPolicy(4, cores=2).spins == 0 and WaitPolicy(2, cores=2).spins > 0
+
+    # Segment files: only our own names, and a mapping of the wrong size is refused.
+    with pytest.raises(ValueError, match="not a torchcomms segment name"):
+        shm_segment.attach("../etc/passwd", 4096)
+    name = shm_segment.new_name()
+    shm_segment.create(name, 4096).close()
+    try:
+        with pytest.raises(RuntimeError, match=f"{name} has 4096 bytes, expected 8192"):
+            shm_segment.attach(name, 8192)
+    finally:
+        shm_segment.unlink(name)
+    assert not os.path.exists(os.path.join(shm_segment.SHM_DIR, name))
+
+    # A machine without x86 store ordering: auto falls back to gloo, forced shm says why.
+    monkeypatch.setattr(cpu_shm.platform, "machine", lambda: "aarch64")
+    assert cpu_shm.unsupported_reason() == (
+        "the shm transport relies on x86 store ordering; this machine is aarch64"
+    )
+    monkeypatch.setenv("TORCHCOMM_RANK", "0")
+    monkeypatch.setenv("TORCHCOMM_SIZE", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "0")
+    with pytest.raises(CommError, match="transport=shm requested but unavailable: the shm trans"):
+        new_comm("gloo", CPU, name="arm_shm", hints={"transport": "shm"})
+    comm = new_comm("gloo", CPU, name="arm_auto")
+    try:
+        assert comm.get_backend_impl().transport.startswith("tcp (loopback"), (  # type: ignore[attr-defined]
+            comm.get_backend_impl().transport  # type: ignore[attr-defined]
+        )
+        t = torch.ones(3)
+        comm.all_reduce(t, ReduceOp.SUM, False)
+        assert torch.equal(t, torch.ones(3))
+    finally:
+        comm.finalize()

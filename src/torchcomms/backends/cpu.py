@@ -38,7 +38,6 @@ from torchcomms.backends.base import TorchCommBackend
 from torchcomms.bootstrap import CommStore
 from torchcomms.errors import (
     CollectiveMismatchError,
-    CommAbortedError,
     CommError,
     CommStateError,
     CommTimeoutError,
@@ -492,11 +491,9 @@ class TorchCommGloo(TorchCommBackend):
             return CommTimeoutError(
                 prefix + f"timed out after {opts.timeout.total_seconds():g} s {exc}"
             )
-        if exc.kind in ("dead", "peer_failed"):
-            return PeerFailureError(prefix + str(exc))
         if exc.kind == "mismatch":
             return CollectiveMismatchError(prefix + str(exc))
-        return CommAbortedError(prefix + str(exc))
+        return PeerFailureError(prefix + str(exc))  # dead, peer_failed
 
     def _poisoned(self, error: CommError) -> CommError:
         """Record the first failure; shm peers see this rank's failed state and stop waiting."""

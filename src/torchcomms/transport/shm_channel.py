@@ -52,7 +52,7 @@ SENT, ACKED, PMETA0, PMETA1 = range(4)
 _PAIR_LINES = 4
 
 STATE_OK, STATE_FAILED, STATE_FINALIZED = 0, 1, 2
-_STATE_TEXT = {STATE_FAILED: "failed or aborted", STATE_FINALIZED: "finalized the communicator"}
+_STATE_TEXT = {STATE_FAILED: "failed", STATE_FINALIZED: "finalized the communicator"}
 
 _LIVENESS_PERIOD_S = 0.005
 # The first deadline/liveness check of a wait: short waits (the common case) never pay for
@@ -61,7 +61,7 @@ _FIRST_CHECK_S = 0.002
 
 
 class ShmWaitError(RuntimeError):
-    """A wait that cannot finish: ``kind`` is timeout, dead, peer_failed, aborted or mismatch."""
+    """A wait that cannot finish: ``kind`` is timeout, dead, peer_failed or mismatch."""
 
     def __init__(self, kind: str, ranks: Sequence[int], message: str) -> None:
         super().__init__(message)
@@ -158,7 +158,6 @@ class ShmChannel:
         self._slots: dict[tuple[object, ...], torch.Tensor] = {}
         self._pids = list(pids)
         self.round = 0
-        self.aborted = False
         # Called while a collective waits past its spin phase (the p2p engine's progress).
         self.idle: Callable[[], None] | None = None
         self._peers = [r for r in range(self.size) if r != rank]
@@ -404,8 +403,6 @@ class ShmChannel:
         what: str,
     ) -> None:
         ranks = [r for _, r in pending]
-        if self.aborted:
-            raise ShmWaitError("aborted", ranks, "communicator aborted while waiting")
         flags = self.flags
         layout = self.layout
         for i, r in pending:
