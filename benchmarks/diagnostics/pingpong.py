@@ -1,0 +1,75 @@
+"""Sync send/recv ping-pong between 2 local ranks over the shm transport.
+
+    python benchmarks/diagnostics/pingpong.py               # wherever the scheduler puts them
+    python benchmarks/diagnostics/pingpong.py --same-core   # both ranks pinned to CPU 0
+
+Prints the p50 and p90 round trip over 3000 exchanges and how often a wait fell asleep on
+its futex (after 1 ms of yielding). Pinning both ranks to one core shows what a cell of the
+bench costs when the scheduler keeps two ranks on one core.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def parent() -> None:
+    store = os.path.join(tempfile.mkdtemp(), "store")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, *sys.argv[1:]],
+            env={
+                **os.environ,
+                "PINGPONG_CHILD": "1",
+                "TORCHCOMM_RANK": str(rank),
+                "TORCHCOMM_SIZE": "2",
+                "TORCHCOMM_STORE_PATH": store,
+            },
+        )
+        for rank in range(2)
+    ]
+    sys.exit(max(p.wait() for p in procs))
+
+
+def child() -> None:
+    import torch
+
+    import torchcomms
+
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), name="pingpong")
+    chan = comm.get_backend_impl()._shm.chan  # type: ignore[attr-defined]
+    dozes = [0]
+    doze = chan._doze
+
+    def counted(*args: object) -> None:
+        dozes[0] += 1
+        doze(*args)
+
+    chan._doze = counted
+    if "--same-core" in sys.argv:
+        os.sched_setaffinity(0, {0})
+    rank = comm.get_rank()
+    x, y = torch.ones(4), torch.empty(4)
+    rtts = []
+    for _ in range(3000):
+        t0 = time.perf_counter()
+        if rank == 0:
+            comm.send(x, 1, False)
+            comm.recv(y, 1, False)
+        else:
+            comm.recv(y, 0, False)
+            comm.send(x, 0, False)
+        rtts.append(time.perf_counter() - t0)
+    rtts.sort()
+    if rank == 0:
+        p50, p90 = rtts[len(rtts) // 2] * 1e6, rtts[len(rtts) * 9 // 10] * 1e6
+        print(f"round trip p50 {p50:.1f} us, p90 {p90:.1f} us; futex sleeps: {dozes[0]}")
+    comm.finalize()
+
+
+if __name__ == "__main__":
+    child() if os.environ.get("PINGPONG_CHILD") else parent()
