@@ -29,3 +29,7 @@ class CommAbortedError(CommError):
 
 class CollectiveMismatchError(CommError):
     """Ranks issued different collectives at the same sequence number."""
+
+
+class BackendNotImplementedError(CommError):
+    """The backend does not implement the called method (upstream's "pure virtual" error)."""

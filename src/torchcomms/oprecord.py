@@ -25,13 +25,14 @@ from __future__ import annotations
 import logging
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from torchcomms.types import OpName
 from torchcomms.work import CompletedWork, TorchWork, WorkStatus
 
-if TYPE_CHECKING:
-    from torchcomms.comm import TorchComm
+#: The communicator type that issued the op (``TorchComm``); a parameter, not an import,
+#: because this module sits below ``torchcomms.comm``.
+CommT = TypeVar("CommT")
 
 logger = logging.getLogger("torchcomms.oprecord")
 
@@ -45,7 +46,7 @@ class OpObserver(Protocol):
     def op_finished(self, record: OpRecord) -> None: ...
 
 
-class OpRecord:
+class OpRecord(Generic[CommT]):
     """Everything known about one op (see the module docstring); mutated by its comm only."""
 
     __slots__ = (
@@ -66,7 +67,7 @@ class OpRecord:
 
     def __init__(
         self,
-        comm: TorchComm,
+        comm: CommT,
         name: OpName,
         op_id: int,
         args: Any,
@@ -74,7 +75,7 @@ class OpRecord:
         observers: tuple[OpObserver, ...],
         call_args: tuple[Any, ...] = (),
     ) -> None:
-        self.comm = comm
+        self.comm: CommT = comm
         self.name = name
         self.op_id = op_id
         self.args: Any = args

@@ -207,12 +207,18 @@ class _DoneCallbacks:
 
 
 class PythonBackendWork(TorchWork):
-    """Wraps the object a Python backend returned: ``wait()`` calls its ``wait()`` once."""
+    """Wraps the object a Python backend returned: ``wait()`` calls its ``wait()`` once.
 
-    def __init__(self, inner: Any) -> None:
+    ``on_error`` learns of an error its ``wait()`` raised (the comm's failure report).
+    """
+
+    def __init__(
+        self, inner: Any, on_error: Callable[[BaseException], None] | None = None
+    ) -> None:
         super().__init__()
         self._python_created = True
         self._inner = inner
+        self._on_error = on_error
         self._status = WorkStatus.INPROGRESS
         self._waited = False
         self._error: BaseException | None = None
@@ -232,6 +238,8 @@ class PythonBackendWork(TorchWork):
         except BaseException as exc:
             self._error = exc
             self._status = WorkStatus.ERROR
+            if self._on_error is not None:
+                self._on_error(exc)
             self._callbacks.fire()
             raise
         self._waited = True

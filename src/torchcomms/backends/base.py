@@ -1,14 +1,14 @@
-"""``TorchCommBackend``: the interface a backend implements, for built-in and plug-in backends.
+"""``TorchCommBackend``: upstream's base class of every backend, and what plug-ins subclass.
 
-Two calling conventions exist, chosen by the class attribute ``_native``:
+A Python plug-in (``register_backend``) subclasses it as upstream's trampoline expects:
+collectives are called with exactly the positional arguments listed in the reference
+(no hints, no timeout) and return ``None`` (completed) or an object with ``wait()``; a
+method it does not override raises upstream's "pure virtual" error.  ``new_comm`` wraps
+such a plug-in once in a ``PluginBackend`` (``backends.plugin``), so ``TorchComm`` only
+ever calls the one typed interface ``CommBackend`` (``backends.contract``), which the
+built-in backends implement directly.
 
-* plug-in backends (``_native = False``, upstream's Python trampoline): collectives are
-  called with exactly the positional arguments listed in the reference (no hints, no
-  timeout) and return ``None`` (completed) or an object with ``wait()``;
-* built-in backends (``_native = True``): every collective also gets an ``OpOptions``
-  (resolved timeout and hints) as its last argument and returns a ``TorchWork``.
-
-Either way ``TorchComm`` validates arguments first, so backends may assume valid input.
+``TorchComm`` validates arguments first, so backends may assume valid input.
 """
 
 from __future__ import annotations
@@ -18,24 +18,33 @@ from typing import Any
 
 import torch
 
+from torchcomms.errors import BackendNotImplementedError
 from torchcomms.types import CommOptions
 
 
-def _pure_virtual(method: str) -> RuntimeError:
-    return RuntimeError(f'Tried to call pure virtual function "TorchCommBackend::{method}"')
+def _pure_virtual(method: str) -> BackendNotImplementedError:
+    return BackendNotImplementedError(
+        f'Tried to call pure virtual function "TorchCommBackend::{method}"'
+    )
 
 
 class TorchCommBackend:
     """Base class of every backend; subclass it and call ``super().__init__()``."""
 
-    _native = False
-    # Upstream's TorchComm only range-checks peers; a backend that cannot talk to itself
-    # (gloo: "Cannot send to self") sets this to False.
-    _self_p2p_allowed = True
-
     def __init__(self) -> None:
         self._device: torch.device | None = None
         self._options: CommOptions = CommOptions()
+
+    def _set_device_and_options(self, device: torch.device, options: CommOptions) -> None:
+        """What ``new_comm`` records before ``init`` (upstream's trampoline does the same)."""
+        self._device = device
+        self._options = options
+
+    def get_device(self) -> torch.device | None:
+        return self._device
+
+    def get_options(self) -> CommOptions:
+        return self._options
 
     # -- lifecycle (required) ----------------------------------------------------------------
     def init(self, device: torch.device, name: str, options: CommOptions) -> None:
@@ -105,98 +114,79 @@ class TorchCommBackend:
             f"tensor_deregister not implemented for communicator:{self._safe_name()}"
         )
 
-    def supported_dtypes(self) -> frozenset[torch.dtype] | None:
-        """The dtypes this backend moves; ``None`` means "no restriction known"."""
-        return None
-
     def _safe_name(self) -> str:
         try:
             return self.get_comm_name()
         except RuntimeError:
             return "<unnamed>"
 
-    # -- collectives (plug-in convention; see the module docstring) ----------------------------
-    def send(self, tensor: torch.Tensor, dst: int, async_op: bool) -> Any:
+    # -- collectives, upstream's plug-in convention ---------------------------------------------
+    # Each takes the positional arguments named in its docstring (see the module docstring);
+    # the loose signature lets ``CommBackend`` give the built-ins their typed one.
+    def send(self, *args: Any, **kwargs: Any) -> Any:
+        """``send(tensor, dst, async_op)``"""
         raise _pure_virtual("send")
 
-    def recv(self, tensor: torch.Tensor, src: int, async_op: bool) -> Any:
+    def recv(self, *args: Any, **kwargs: Any) -> Any:
+        """``recv(tensor, src, async_op)``"""
         raise _pure_virtual("recv")
 
-    def broadcast(self, tensor: torch.Tensor, root: int, async_op: bool) -> Any:
+    def broadcast(self, *args: Any, **kwargs: Any) -> Any:
+        """``broadcast(tensor, root, async_op)``"""
         raise _pure_virtual("broadcast")
 
-    def all_reduce(self, tensor: torch.Tensor, op: Any, async_op: bool) -> Any:
+    def all_reduce(self, *args: Any, **kwargs: Any) -> Any:
+        """``all_reduce(tensor, op, async_op)``"""
         raise _pure_virtual("all_reduce")
 
-    def reduce(self, tensor: torch.Tensor, root: int, op: Any, async_op: bool) -> Any:
+    def reduce(self, *args: Any, **kwargs: Any) -> Any:
+        """``reduce(tensor, root, op, async_op)``"""
         raise _pure_virtual("reduce")
 
-    def all_gather(
-        self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, async_op: bool
-    ) -> Any:
+    def all_gather(self, *args: Any, **kwargs: Any) -> Any:
+        """``all_gather(tensor_list, tensor, async_op)``"""
         raise _pure_virtual("all_gather")
 
-    def all_gather_v(
-        self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, async_op: bool
-    ) -> Any:
+    def all_gather_v(self, *args: Any, **kwargs: Any) -> Any:
+        """``all_gather_v(tensor_list, tensor, async_op)``"""
         raise _pure_virtual("all_gather_v")
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, async_op: bool) -> Any:
+    def all_gather_single(self, *args: Any, **kwargs: Any) -> Any:
+        """``all_gather_single(output, input, async_op)``"""
         raise _pure_virtual("all_gather_single")
 
-    def reduce_scatter(
-        self, output: torch.Tensor, input_list: list[torch.Tensor], op: Any, async_op: bool
-    ) -> Any:
+    def reduce_scatter(self, *args: Any, **kwargs: Any) -> Any:
+        """``reduce_scatter(output, input_list, op, async_op)``"""
         raise _pure_virtual("reduce_scatter")
 
-    def reduce_scatter_v(
-        self, output: torch.Tensor, input_list: list[torch.Tensor], op: Any, async_op: bool
-    ) -> Any:
+    def reduce_scatter_v(self, *args: Any, **kwargs: Any) -> Any:
+        """``reduce_scatter_v(output, input_list, op, async_op)``"""
         raise _pure_virtual("reduce_scatter_v")
 
-    def reduce_scatter_single(
-        self, output: torch.Tensor, input: torch.Tensor, op: Any, async_op: bool
-    ) -> Any:
+    def reduce_scatter_single(self, *args: Any, **kwargs: Any) -> Any:
+        """``reduce_scatter_single(output, input, op, async_op)``"""
         raise _pure_virtual("reduce_scatter_single")
 
-    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, async_op: bool) -> Any:
+    def all_to_all_single(self, *args: Any, **kwargs: Any) -> Any:
+        """``all_to_all_single(output, input, async_op)``"""
         raise _pure_virtual("all_to_all_single")
 
-    def all_to_all_v_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_split_sizes: list[int],
-        input_split_sizes: list[int],
-        async_op: bool,
-    ) -> Any:
+    def all_to_all_v_single(self, *args: Any, **kwargs: Any) -> Any:
+        """``all_to_all_v_single(output, input, output_split_sizes, input_split_sizes, async_op)``"""
         raise _pure_virtual("all_to_all_v_single")
 
-    def all_to_all(
-        self,
-        output_tensor_list: list[torch.Tensor],
-        input_tensor_list: list[torch.Tensor],
-        async_op: bool,
-    ) -> Any:
+    def all_to_all(self, *args: Any, **kwargs: Any) -> Any:
+        """``all_to_all(output_tensor_list, input_tensor_list, async_op)``"""
         raise _pure_virtual("all_to_all")
 
-    def barrier(self, async_op: bool) -> Any:
+    def barrier(self, *args: Any, **kwargs: Any) -> Any:
+        """``barrier(async_op)``"""
         raise _pure_virtual("barrier")
 
-    def scatter(
-        self,
-        output_tensor: torch.Tensor,
-        input_tensor_list: list[torch.Tensor],
-        root: int,
-        async_op: bool,
-    ) -> Any:
+    def scatter(self, *args: Any, **kwargs: Any) -> Any:
+        """``scatter(output_tensor, input_tensor_list, root, async_op)``"""
         raise _pure_virtual("scatter")
 
-    def gather(
-        self,
-        output_tensor_list: list[torch.Tensor],
-        input_tensor: torch.Tensor,
-        root: int,
-        async_op: bool,
-    ) -> Any:
+    def gather(self, *args: Any, **kwargs: Any) -> Any:
+        """``gather(output_tensor_list, input_tensor, root, async_op)``"""
         raise _pure_virtual("gather")

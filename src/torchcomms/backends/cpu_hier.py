@@ -1,13 +1,14 @@
-"""Hierarchical placement for the CPU backend: shm inside each host, gloo between hosts.
+"""``HierOps``: the CPU backend's hierarchical placement, shm inside each host, gloo between.
 
 When a communicator's members span several hosts and at least one host holds more than
-one of them, ``TorchCommGloo`` keeps its global ``ProcessGroupGloo`` for every op and
-additionally builds a ``HierOps`` here for ``all_reduce``, ``broadcast`` and ``barrier``:
+one of them, ``TorchCommGloo`` picks ``HierOps``: ``all_reduce``, ``broadcast`` and
+``barrier`` are specialised here; every other op is delegated, explicitly, to a
+``GlooOps`` over a global ``ProcessGroupGloo``.
 
-* **Hosts** are the distinct host identities of the members (``TorchCommGloo._peers``,
+* **Hosts** are the distinct host identities of the members (exchanged at connect,
   overridable with ``TORCHCOMM_HOST_ID``), numbered in order of first appearance; a
   member's *local index* is its position among the members of its host (comm rank order).
-* **Inside a host** (more than one member): one shm channel (``cpu_shm.connect`` under
+* **Inside a host** (more than one member): one shm segment (``cpu_shm.open_collectives`` under
   the store prefix ``hier/host{h}``) among the host's members, local index = shm rank.
 * **Between hosts**: *cross group* ``i`` is a ``ProcessGroupGloo`` (store prefix
   ``hier/cross{i}``) among the members with local index ``i``, host order; group 0 (the
@@ -26,17 +27,16 @@ additionally builds a ``HierOps`` here for ``all_reduce``, ``broadcast`` and ``b
 
 PREMUL_SUM is pre-multiplied exactly once (by the shm stage, or here on a single-member
 host); gloo always sums.  AVG sums, then divides by the *global* size once.  Bool and
-bitwise ops use shm's own reductions inside a host and the backend's gloo mapping
-(passed in as ``c10d_op``) between hosts, so results equal the flat gloo path bit for
-bit on integer-valued data.  Every wait is bounded by the op's absolute deadline
-(``end``, ``time.monotonic()``); shm wait errors are re-raised naming comm ranks (not
-host-local ones), gloo errors propagate unchanged (the backend's ``_translate`` types both).
+bitwise ops use shm's own reductions inside a host and ``transport.gloo``'s mapping
+between hosts, so results equal the flat gloo path bit for bit on integer-valued data.
+Every wait is bounded by the op's deadline; shm wait errors are re-raised naming comm
+ranks (not host-local ones), gloo errors propagate unchanged (the backend types both).
+Runs on the op's thread (see ``cpu_ops``).
 """
 
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -48,14 +48,16 @@ import torch._C._distributed_c10d as c10d
 from torchcomms import config
 from torchcomms.backends import cpu_shm
 from torchcomms.backends._host import finish_average, on_host
+from torchcomms.backends.cpu_gloo import GlooOps
+from torchcomms.backends.cpu_ops import Completion, CpuOps
+from torchcomms.backends.shm_collectives import ShmCollectives
+from torchcomms.deadline import Deadline
+from torchcomms.transport import gloo
 from torchcomms.transport.shm_channel import STATE_FAILED, STATE_FINALIZED, ShmWaitError
-from torchcomms.types import RedOpType, ReduceOp
+from torchcomms.types import P2POp, RedOpType, ReduceOp
 
 #: "peer rank 1", "ranks 0, 2" in shm wait errors (host-local ranks, renamed to comm ranks).
 _RANKS_TEXT = re.compile(r"\b(peer )?ranks? (\d+(?:, \d+)*)")
-
-#: ``(ReduceOp, dtype) -> c10d.ReduceOp`` for gloo (the CPU backend's ``_c10d_op``).
-C10dOpFn = Callable[[ReduceOp, torch.dtype], Any]
 
 
 @dataclass(frozen=True)
@@ -103,28 +105,25 @@ def wanted(peers: Sequence[tuple[str, int]]) -> bool:
     return len(distinct) > 1 and len(distinct) < len(hosts)
 
 
-def _left(end: float) -> timedelta:
-    # gloo treats 0 as "no timeout"; never hand it a non-positive value.
-    return timedelta(seconds=max(end - time.monotonic(), 0.001))
-
-
 def connect(
     store: c10d.Store,
-    rank: int,
+    flat: GlooOps,
     peers: Sequence[tuple[str, int]],
     hints: dict[str, str],
     timeout: timedelta,
     gloo_device: Any,
-    gloo_desc: str,
-    c10d_op: C10dOpFn,
     describe: str,
 ) -> HierOps:
-    """Build my host's shm channel and my cross group (collective over all members)."""
+    """Build my host's shm segment and my cross group (collective over all members).
+
+    ``flat`` is the global gloo path, which serves every op not specialised here.
+    """
+    rank = flat.rank
     topo = topology(peers, rank)
-    local: cpu_shm.ShmOps | None = None
+    local: ShmCollectives | None = None
     members = topo.hosts[topo.host]
     if len(members) > 1:
-        local = cpu_shm.connect(
+        local = cpu_shm.open_collectives(
             c10d.PrefixStore(f"hier/host{topo.host}", store),
             topo.local_rank,
             len(members),
@@ -139,12 +138,13 @@ def connect(
         i = topo.local_rank
         group = topo.cross_members(i)
         if len(group) > 1 and (i == 0 or topo.even):
-            opts = c10d.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
-            opts._timeout = timeout
-            opts._devices = [gloo_device]
             cross_index = group.index(rank)
-            cross = c10d.ProcessGroupGloo(
-                c10d.PrefixStore(f"hier/cross{i}", store), cross_index, len(group), opts
+            cross = gloo.new_process_group(
+                c10d.PrefixStore(f"hier/cross{i}", store),
+                cross_index,
+                len(group),
+                timeout,
+                gloo_device,
             )
         # Every rank must pick the same algorithm: comm rank 0's switch size counts.
         small_max = config.hier_small_max(hints.get("hier_small_max"))
@@ -154,39 +154,39 @@ def connect(
         small_max = int(store.get("hier/small_max").decode())
     except BaseException:
         if local is not None:
-            local.close(STATE_FAILED)
+            local.chan.close(STATE_FAILED)
         raise
-    return HierOps(topo, len(peers), local, cross, cross_index, c10d_op, small_max, gloo_desc)
+    return HierOps(topo, flat, local, cross, cross_index, small_max)
 
 
-class HierOps:
-    """``all_reduce`` / ``broadcast`` / ``barrier`` over shm inside hosts and gloo between."""
+class HierOps(CpuOps):
+    """``all_reduce`` / ``broadcast`` / ``barrier`` over shm inside hosts and gloo between;
+    the other ops go to the flat gloo path (see the module docstring)."""
 
     def __init__(
         self,
         topo: Topology,
-        size: int,
-        local: cpu_shm.ShmOps | None,
+        flat: GlooOps,
+        local: ShmCollectives | None,
         cross: Any,
         cross_index: int,
-        c10d_op: C10dOpFn,
         small_max: int,
-        gloo_desc: str,
     ) -> None:
         self.topo = topo
-        self.size = size
-        self.local = local
-        self.cross = cross
+        self.rank = flat.rank
+        self.size = flat.size
+        self.flat = flat
+        self.local = local  # my host's segment (None when I am alone on my host)
+        self.cross = cross  # my cross group (None when it would have one member)
         self.cross_index = cross_index
         self.small_max = small_max
-        self._c10d_op = c10d_op
-        self._gloo_desc = gloo_desc
 
     def describe(self) -> str:
         t = self.topo
+        gloo_desc = self.flat.describe().removeprefix("tcp (").removesuffix(")")
         return (
             f"hierarchical: shm inside {len(t.hosts)} hosts ({t.sizes_text()} ranks), "
-            f"tcp between ({self._gloo_desc}); all_reduce leader-based up to "
+            f"tcp between ({gloo_desc}); all_reduce leader-based up to "
             f"{self.small_max} B{', sharded above' if t.even else ' (uneven hosts)'}"
         )
 
@@ -195,11 +195,15 @@ class HierOps:
         if self.local is not None:
             self.local.chan.set_state(STATE_FAILED)
 
-    def close(self, state: int = STATE_FINALIZED) -> None:
+    def close(self, failed: bool) -> None:
         local, self.local = self.local, None
         self.cross = None
+        self.flat.close(failed)
         if local is not None:
-            local.close(state)
+            local.chan.close(STATE_FAILED if failed else STATE_FINALIZED)
+
+    def dead_peers(self) -> list[int]:
+        return self.flat.dead_peers()
 
     # -- helpers -------------------------------------------------------------------------
     def _shm(self, call: Callable[[], None]) -> None:
@@ -221,38 +225,38 @@ class HierOps:
                 f"{_RANKS_TEXT.sub(to_comm, str(exc))} [{where}]",
             ) from exc
 
-    def _gloo_all_reduce(self, flat: torch.Tensor, op: ReduceOp, end: float) -> None:
+    def _gloo_all_reduce(self, flat: torch.Tensor, op: ReduceOp, deadline: Deadline) -> None:
         o = c10d.AllreduceOptions()
-        o.reduceOp = self._c10d_op(op, flat.dtype)
-        o.timeout = left = _left(end)
+        o.reduceOp = gloo.c10d_op(op, flat.dtype)
+        left = gloo.arm(o, deadline)
         self.cross.allreduce([flat], o).wait(left)
 
     # -- ops -----------------------------------------------------------------------------
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, end: float) -> None:
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, deadline: Deadline) -> None:
         if tensor.numel() == 0:
             return
         with on_host(tensor) as host:
             flat = host.view(-1)
             nbytes = flat.numel() * flat.element_size()
             if self.topo.even and self.local is not None and nbytes > self.small_max:
-                self._all_reduce_sharded(flat, op, end)
+                self._all_reduce_sharded(flat, op, deadline)
             else:
-                self._all_reduce_leader(flat, op, end)
+                self._all_reduce_leader(flat, op, deadline)
 
-    def _all_reduce_leader(self, flat: torch.Tensor, op: ReduceOp, end: float) -> None:
+    def _all_reduce_leader(self, flat: torch.Tensor, op: ReduceOp, deadline: Deadline) -> None:
         local = self.local
         if local is not None:
-            self._shm(lambda: local.coll.reduce(flat, 0, op, end))  # pre-multiplies
+            self._shm(lambda: local.reduce(flat, 0, op, deadline))  # pre-multiplies
         elif op.type is RedOpType.PREMUL_SUM:
             flat.mul_(op.factor_value())
         if self.topo.local_rank == 0:
             if self.cross is not None:
-                self._gloo_all_reduce(flat, op, end)
+                self._gloo_all_reduce(flat, op, deadline)
             finish_average(flat, op, self.size)
         if local is not None:
-            self._shm(lambda: local.coll.broadcast(flat, 0, end))
+            self._shm(lambda: local.broadcast(flat, 0, deadline))
 
-    def _all_reduce_sharded(self, flat: torch.Tensor, op: ReduceOp, end: float) -> None:
+    def _all_reduce_sharded(self, flat: torch.Tensor, op: ReduceOp, deadline: Deadline) -> None:
         local = self.local
         assert local is not None
         size = local.size
@@ -265,15 +269,15 @@ class HierOps:
             buf[:n].copy_(flat)
         rows = buf.view(size, shard)
         part = torch.empty(shard, dtype=flat.dtype)
-        self._shm(lambda: local.coll.reduce_scatter(part, rows, op, end))  # pre-multiplies
+        self._shm(lambda: local.reduce_scatter(part, rows, op, deadline))  # pre-multiplies
         if self.cross is not None:
-            self._gloo_all_reduce(part, op, end)
+            self._gloo_all_reduce(part, op, deadline)
         finish_average(part, op, self.size)
-        self._shm(lambda: local.coll.all_gather(rows, part, end))
+        self._shm(lambda: local.all_gather(rows, part, deadline))
         if buf is not flat:
             flat.copy_(buf[:n])
 
-    def broadcast(self, tensor: torch.Tensor, root: int, end: float) -> None:
+    def broadcast(self, tensor: torch.Tensor, root: int, deadline: Deadline) -> None:
         """Inside the root's host first, then between leaders, then inside the other hosts."""
         if tensor.numel() == 0:
             return
@@ -284,23 +288,96 @@ class HierOps:
         with on_host(tensor) as host:
             flat = host.view(-1)
             if topo.host == root_host and local is not None:
-                self._shm(lambda: local.coll.broadcast(flat, root_local, end))
+                self._shm(lambda: local.broadcast(flat, root_local, deadline))
             if topo.local_rank == 0 and self.cross is not None:
                 o = c10d.BroadcastOptions()
                 o.rootRank = root_host  # the leaders group lists every host, in order
-                o.timeout = left = _left(end)
+                left = gloo.arm(o, deadline)
                 self.cross.broadcast([flat], o).wait(left)
             if topo.host != root_host and local is not None:
-                self._shm(lambda: local.coll.broadcast(flat, 0, end))
+                self._shm(lambda: local.broadcast(flat, 0, deadline))
 
-    def barrier(self, end: float) -> None:
+    def barrier(self, deadline: Deadline) -> None:
         """Everyone on my host arrives, the leaders meet, then my leader releases my host."""
         local = self.local
         if local is not None:
-            self._shm(lambda: local.coll.barrier(end))
+            self._shm(lambda: local.barrier(deadline))
         if self.topo.local_rank == 0 and self.cross is not None:
             o = c10d.BarrierOptions()
-            o.timeout = left = _left(end)
+            left = gloo.arm(o, deadline)
             self.cross.barrier(o).wait(left)
         if local is not None:
-            self._shm(lambda: local.coll.barrier(end))
+            self._shm(lambda: local.barrier(deadline))
+
+    # -- delegated to the flat gloo path -----------------------------------------------------
+    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, deadline: Deadline) -> None:
+        self.flat.reduce(tensor, root, op, deadline)
+
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input_list: Sequence[torch.Tensor],
+        op: ReduceOp,
+        deadline: Deadline,
+    ) -> None:
+        self.flat.reduce_scatter(output, input_list, op, deadline)
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, deadline: Deadline
+    ) -> None:
+        self.flat.reduce_scatter_single(output, input, op, deadline)
+
+    def reduce_scatter_v(
+        self,
+        output: torch.Tensor,
+        input_list: Sequence[torch.Tensor],
+        op: ReduceOp,
+        deadline: Deadline,
+    ) -> None:
+        self.flat.reduce_scatter_v(output, input_list, op, deadline)
+
+    def scatter(
+        self,
+        output: torch.Tensor,
+        input_list: Sequence[torch.Tensor],
+        root: int,
+        deadline: Deadline,
+    ) -> None:
+        self.flat.scatter(output, input_list, root, deadline)
+
+    def gather(
+        self,
+        output_list: Sequence[torch.Tensor],
+        input: torch.Tensor,
+        root: int,
+        deadline: Deadline,
+    ) -> None:
+        self.flat.gather(output_list, input, root, deadline)
+
+    def all_gather(
+        self, output_list: Sequence[torch.Tensor], input: torch.Tensor, deadline: Deadline
+    ) -> None:
+        self.flat.all_gather(output_list, input, deadline)
+
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, deadline: Deadline
+    ) -> None:
+        self.flat.all_gather_single(output, input, deadline)
+
+    def all_gather_v(
+        self, output_list: Sequence[torch.Tensor], input: torch.Tensor, deadline: Deadline
+    ) -> None:
+        self.flat.all_gather_v(output_list, input, deadline)
+
+    def all_to_all_flat(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        out_splits: Sequence[int],
+        in_splits: Sequence[int],
+        deadline: Deadline,
+    ) -> None:
+        self.flat.all_to_all_flat(output, input, out_splits, in_splits, deadline)
+
+    def post(self, ops: Sequence[P2POp], tag: int | None, deadline: Deadline) -> Completion:
+        return self.flat.post(ops, tag, deadline)

@@ -1,11 +1,13 @@
-"""The CPU backend's shared-memory path: segment set-up and the API-level op adapters.
+"""``ShmOps``: every op of the CPU backend over shared memory (every member on this host).
 
-``connect`` creates one segment per communicator (rank 0 creates it under a fresh random
-name and publishes the name and sizes through the comm's store; every member maps it
-and acknowledges; rank 0 then unlinks the file at once, so ``/dev/shm`` never keeps an
-entry past initialisation, even if a process is killed later).  ``ShmOps`` turns the
-API's arguments (tensor lists, split sizes, device tensors, AVG) into the flat-tensor
-algorithms of ``shm_collectives`` and the rings of ``shm_p2p``.
+``open_collectives`` sets up one segment per communicator (rank 0 creates it under a
+fresh random name and publishes the name and sizes through the comm's store; every
+member maps it and acknowledges; rank 0 then unlinks the file at once, so ``/dev/shm``
+never keeps an entry past initialisation, even if a process is killed later) and returns
+the flat-tensor algorithms over it.  ``ShmOps`` turns the API's arguments (tensor lists,
+split sizes, device tensors, AVG) into those algorithms (``shm_collectives``) and the
+rings of ``shm_p2p``.  The hierarchical path (``cpu_hier``) builds on
+``open_collectives`` too.  Runs on the op's thread (see ``cpu_ops``).
 """
 
 from __future__ import annotations
@@ -19,9 +21,17 @@ import torch._C._distributed_c10d as c10d
 
 from torchcomms import config
 from torchcomms.backends._host import finish_average, host_flat, on_host, overlaps
+from torchcomms.backends.cpu_ops import Completion, CpuOps
 from torchcomms.backends.shm_collectives import ShmCollectives
+from torchcomms.deadline import Deadline
 from torchcomms.transport import shm_segment
-from torchcomms.transport.shm_channel import Layout, ShmChannel, WaitPolicy
+from torchcomms.transport.shm_channel import (
+    STATE_FAILED,
+    STATE_FINALIZED,
+    Layout,
+    ShmChannel,
+    WaitPolicy,
+)
 from torchcomms.transport.shm_p2p import ShmP2P, Transfer
 from torchcomms.types import P2POp, P2POpType, RedOpType, ReduceOp
 
@@ -61,7 +71,7 @@ def _oneshot_max(size: int, slot: int) -> int:
 ONESHOT_MAX_MANY = 128 << 10
 
 
-def connect(
+def open_collectives(
     store: c10d.Store,
     rank: int,
     size: int,
@@ -69,8 +79,11 @@ def connect(
     hints: dict[str, str],
     timeout: timedelta,
     describe: str,
-) -> ShmOps:
-    """Create (rank 0) or map (others) the communicator's segment; see the module docstring."""
+) -> ShmCollectives:
+    """Create (rank 0) or map (others) a segment for ``size`` members; see the module docstring.
+
+    Collective over the members; ``describe`` (``comm=NAME``) prefixes wait errors.
+    """
     # Every rank validates the settings (rank 0's values are used), so a bad value fails
     # everywhere at once instead of leaving the other ranks waiting for a segment.
     slot = config.shm_slot_bytes(hints.get("shm_slot_bytes"))
@@ -100,18 +113,18 @@ def connect(
         mm.close()
         raise
     chan = ShmChannel(mm, layout, rank, pids, WaitPolicy(size), describe)
-    return ShmOps(chan, oneshot)
+    return ShmCollectives(chan, oneshot)
 
 
-class ShmOps:
-    """API-level collectives and point-to-point over one channel (flat CPU tensors inside)."""
+class ShmOps(CpuOps):
+    """API-level collectives and point-to-point over one segment (flat CPU tensors inside)."""
 
-    def __init__(self, chan: ShmChannel, oneshot_max: int) -> None:
-        self.chan = chan
-        self.coll = ShmCollectives(chan, oneshot_max)
-        self.p2p = ShmP2P(chan)
-        self.size = chan.size
-        self.rank = chan.rank
+    def __init__(self, coll: ShmCollectives) -> None:
+        self.chan = coll.chan
+        self.coll = coll
+        self.p2p = ShmP2P(coll.chan)
+        self.size = coll.size
+        self.rank = coll.rank
 
     def describe(self) -> str:
         policy = self.chan.policy
@@ -123,132 +136,161 @@ class ShmOps:
             f"{self.chan.layout.slot_bytes >> 10} KiB slots, waits {wait})"
         )
 
-    def close(self, state: int) -> None:
-        self.chan.close(state)
+    def fail(self) -> None:
+        self.chan.set_state(STATE_FAILED)
+
+    def close(self, failed: bool) -> None:
+        self.chan.close(STATE_FAILED if failed else STATE_FINALIZED)
 
     # -- reductions ----------------------------------------------------------------------
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, end: float) -> None:
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, deadline: Deadline) -> None:
         if tensor.is_cpu and op.type is not RedOpType.AVG:  # the hot path: no staging
             if tensor.numel():
-                self.coll.all_reduce(tensor if tensor.dim() == 1 else tensor.view(-1), op, end)
+                self.coll.all_reduce(tensor if tensor.dim() == 1 else tensor.view(-1), op, deadline)
             return
         if tensor.numel() == 0:
             return
         with on_host(tensor) as host:
             flat = host.view(-1)
-            self.coll.all_reduce(flat, op, end)
+            self.coll.all_reduce(flat, op, deadline)
             finish_average(flat, op, self.size)
 
-    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, end: float) -> None:
+    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, deadline: Deadline) -> None:
         if tensor.numel() == 0:
             return
         if self.rank != root:
-            self.coll.reduce(host_flat(tensor), root, op, end)
+            self.coll.reduce(host_flat(tensor), root, op, deadline)
             return
         with on_host(tensor) as host:
             flat = host.view(-1)
-            self.coll.reduce(flat, root, op, end)
+            self.coll.reduce(flat, root, op, deadline)
             finish_average(flat, op, self.size)
 
     def reduce_scatter(
-        self, output: torch.Tensor, inputs: torch.Tensor, op: ReduceOp, end: float
+        self,
+        output: torch.Tensor,
+        input_list: Sequence[torch.Tensor],
+        op: ReduceOp,
+        deadline: Deadline,
     ) -> None:
-        """``inputs``: a flat CPU tensor of ``size * output.numel()`` elements."""
+        self.reduce_scatter_v(output, input_list, op, deadline)
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, deadline: Deadline
+    ) -> None:
+        """``input`` holds ``size * output.numel()`` elements, rank ``r``'s part at row ``r``."""
         if output.numel() == 0:
             return
+        rows = host_flat(input).view(self.size, -1)
         if output.is_cpu and op.type is not RedOpType.AVG:
-            self.coll.reduce_scatter(output.view(-1), inputs.view(self.size, -1), op, end)
+            self.coll.reduce_scatter(output.view(-1), rows, op, deadline)
             return
         with on_host(output) as host:
             flat = host.view(-1)
-            self.coll.reduce_scatter(flat, inputs.view(self.size, -1), op, end)
+            self.coll.reduce_scatter(flat, rows, op, deadline)
             finish_average(flat, op, self.size)
 
     def reduce_scatter_v(
-        self, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp, end: float
+        self,
+        output: torch.Tensor,
+        input_list: Sequence[torch.Tensor],
+        op: ReduceOp,
+        deadline: Deadline,
     ) -> None:
         with on_host(output) as host:
             flat = host.view(-1)
-            self.coll.reduce_scatter_v(flat, [host_flat(t) for t in inputs], op, end)
+            self.coll.reduce_scatter_v(flat, [host_flat(t) for t in input_list], op, deadline)
             finish_average(flat, op, self.size)
 
     # -- rooted --------------------------------------------------------------------------
-    def broadcast(self, tensor: torch.Tensor, root: int, end: float) -> None:
+    def broadcast(self, tensor: torch.Tensor, root: int, deadline: Deadline) -> None:
         if tensor.numel() == 0:
             return
         if tensor.is_cpu:
-            self.coll.broadcast(tensor.view(-1), root, end)
+            self.coll.broadcast(tensor.view(-1), root, deadline)
             return
         with on_host(tensor) as host:
-            self.coll.broadcast(host.view(-1), root, end)
+            self.coll.broadcast(host.view(-1), root, deadline)
 
     def scatter(
-        self, output: torch.Tensor, inputs: Sequence[torch.Tensor], root: int, end: float
+        self,
+        output: torch.Tensor,
+        input_list: Sequence[torch.Tensor],
+        root: int,
+        deadline: Deadline,
     ) -> None:
         if output.numel() == 0:
             return
-        srcs = [host_flat(t) for t in inputs] if self.rank == root else []
+        srcs = [host_flat(t) for t in input_list] if self.rank == root else []
         with on_host(output) as host:
-            self.coll.scatter(host.view(-1), srcs, root, end)
+            self.coll.scatter(host.view(-1), srcs, root, deadline)
 
     def gather(
-        self, outputs: Sequence[torch.Tensor], inp: torch.Tensor, root: int, end: float
+        self,
+        output_list: Sequence[torch.Tensor],
+        input: torch.Tensor,
+        root: int,
+        deadline: Deadline,
     ) -> None:
-        if inp.numel() == 0:
+        if input.numel() == 0:
             return
         if self.rank != root:
-            self.coll.gather([], host_flat(inp), root, end)
+            self.coll.gather([], host_flat(input), root, deadline)
             return
-        stages = [on_host(o) for o in outputs]
+        stages = [on_host(o) for o in output_list]
         hosts = [s.__enter__().view(-1) for s in stages]
-        self.coll.gather(hosts, host_flat(inp), root, end)
+        self.coll.gather(hosts, host_flat(input), root, deadline)
         for s in stages:
             s.__exit__(None, None, None)
 
     # -- all to all ------------------------------------------------------------------------
-    def all_gather_flat(self, output: torch.Tensor, inp: torch.Tensor, end: float) -> None:
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, deadline: Deadline
+    ) -> None:
         """``output`` holds ``size`` copies' worth of elements, rank order."""
-        if inp.numel() == 0:
+        if input.numel() == 0:
             return
-        src = host_flat(inp)
+        src = host_flat(input)
         if output.is_cpu and not overlaps(output, src):
-            self.coll.all_gather(output.view(self.size, -1), src, end)
+            self.coll.all_gather(output.view(self.size, -1), src, deadline)
             return
         with on_host(output) as host:
             if overlaps(host, src):
                 src = src.clone()
-            self.coll.all_gather(host.view(self.size, -1), src, end)
+            self.coll.all_gather(host.view(self.size, -1), src, deadline)
 
-    def all_gather_list(
-        self, outputs: Sequence[torch.Tensor], inp: torch.Tensor, end: float
+    def all_gather(
+        self, output_list: Sequence[torch.Tensor], input: torch.Tensor, deadline: Deadline
     ) -> None:
-        if inp.numel() == 0:
+        n = input.numel()
+        if n == 0:
             return
-        flat = torch.empty(self.size * inp.numel(), dtype=inp.dtype)
-        self.coll.all_gather(flat.view(self.size, -1), host_flat(inp), end)
-        for r, out in enumerate(outputs):
-            out.copy_(flat[r * inp.numel() : (r + 1) * inp.numel()].view(out.shape))
+        flat = torch.empty(self.size * n, dtype=input.dtype)
+        self.coll.all_gather(flat.view(self.size, -1), host_flat(input), deadline)
+        for r, out in enumerate(output_list):
+            out.copy_(flat[r * n : (r + 1) * n].view(out.shape))
 
-    def all_gather_v(self, outputs: Sequence[torch.Tensor], inp: torch.Tensor, end: float) -> None:
-        src = host_flat(inp)
-        if any(overlaps(o, src) for o in outputs if o.device.type == "cpu"):
+    def all_gather_v(
+        self, output_list: Sequence[torch.Tensor], input: torch.Tensor, deadline: Deadline
+    ) -> None:
+        src = host_flat(input)
+        if any(overlaps(o, src) for o in output_list if o.device.type == "cpu"):
             src = src.clone()
-        stages = [on_host(o) for o in outputs]
+        stages = [on_host(o) for o in output_list]
         hosts = [s.__enter__().view(-1) for s in stages]
-        self.coll.all_gather_v(hosts, src, end)
+        self.coll.all_gather_v(hosts, src, deadline)
         for s in stages:
             s.__exit__(None, None, None)
 
     def all_to_all_flat(
         self,
         output: torch.Tensor,
-        inp: torch.Tensor,
+        input: torch.Tensor,
         out_splits: Sequence[int],
         in_splits: Sequence[int],
-        end: float,
+        deadline: Deadline,
     ) -> None:
-        """Flat element counts per peer; empty splits mean equal parts."""
-        src = host_flat(inp)
+        src = host_flat(input)
         with on_host(output) as host:
             out = host.view(-1)
             if not in_splits:
@@ -260,25 +302,23 @@ class ShmOps:
             same = out.data_ptr() == src.data_ptr() and out.numel() == src.numel()
             if overlaps(out, src) and not (even and same):
                 src = src.clone()
-            self.coll.all_to_all(out, src, out_splits, in_splits, end)
+            self.coll.all_to_all(out, src, out_splits, in_splits, deadline)
 
-    def barrier(self, end: float) -> None:
-        self.coll.barrier(end)
+    def barrier(self, deadline: Deadline) -> None:
+        self.coll.barrier(deadline)
 
     # -- point-to-point ----------------------------------------------------------------------
-    def post(
-        self, ops: Sequence[P2POp], tag: int | None
-    ) -> list[tuple[Transfer, P2POp, torch.Tensor]]:
-        """Post without blocking; the returned handles go to ``complete``."""
-        posted = []
+    def post(self, ops: Sequence[P2POp], tag: int | None, deadline: Deadline) -> Completion:
+        posted: list[tuple[Transfer, P2POp, torch.Tensor]] = []
         for op in ops:
             sending = op.type is P2POpType.SEND
             staged = op.tensor if op.tensor.device.type == "cpu" else op.tensor.detach().to("cpu")
             posted.append((self.p2p.post(sending, op.peer, staged, tag), op, staged))
-        return posted
 
-    def complete(self, posted: list[tuple[Transfer, P2POp, torch.Tensor]], end: float) -> None:
-        self.p2p.wait([t for t, _, _ in posted], end)
-        for _, op, staged in posted:
-            if staged is not op.tensor and op.type is P2POpType.RECV:
-                op.tensor.copy_(staged)
+        def complete() -> None:
+            self.p2p.wait([t for t, _, _ in posted], deadline)
+            for _, op, staged in posted:
+                if staged is not op.tensor and op.type is P2POpType.RECV:
+                    op.tensor.copy_(staged)
+
+        return complete

@@ -1,23 +1,18 @@
 """The ``fake`` backend: a size-1 communicator whose ops do nothing, for unit tests of the API layer."""
 
-# Native backends take an extra OpOptions argument (see backends/base.py), on purpose.
-# mypy: disable-error-code="override"
-
 from __future__ import annotations
 
 from typing import Any
 
 import torch
 
-from torchcomms.backends.base import TorchCommBackend
-from torchcomms.types import CommOptions, OpOptions, P2POp
+from torchcomms.backends.contract import CommBackend
+from torchcomms.types import CommOptions, OpOptions, P2POp, ReduceOp
 from torchcomms.work import CompletedWork, TorchWork
 
 
-class TorchCommFake(TorchCommBackend):
+class TorchCommFake(CommBackend):
     """Rank 0 of 1; every op returns a completed work without touching data."""
-
-    _native = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -83,38 +78,128 @@ class TorchCommFake(TorchCommBackend):
     def batch_op_issue(self, ops: list[P2POp], async_op: bool, options: OpOptions) -> TorchWork:
         return self._done("batch_op_issue", options)
 
+    def broadcast(
+        self, tensor: torch.Tensor, root: int, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        return self._done("broadcast", options)
 
-_COLLECTIVES = frozenset(
-    {
-        "broadcast",
-        "all_reduce",
-        "reduce",
-        "all_gather",
-        "all_gather_v",
-        "all_gather_single",
-        "reduce_scatter",
-        "reduce_scatter_v",
-        "reduce_scatter_single",
-        "all_to_all_single",
-        "all_to_all_v_single",
-        "all_to_all",
-        "barrier",
-        "scatter",
-        "gather",
-        "gather_single",
-    }
-)
+    def all_reduce(
+        self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        return self._done("all_reduce", options)
 
+    def reduce(
+        self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        return self._done("reduce", options)
 
-def _no_op(op: str) -> Any:
-    def run(self: TorchCommFake, *args: Any) -> TorchWork:
-        return self._done(op, args[-1])
+    def all_gather(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        return self._done("all_gather", options)
 
-    run.__name__ = op
-    run.__doc__ = f"{op}: does nothing, returns a completed work."
-    return run
+    def all_gather_v(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        return self._done("all_gather_v", options)
 
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        return self._done("all_gather_single", options)
 
-# Every collective has the shape (…, async_op, options) -> work; one no-op serves all.
-for _op in _COLLECTIVES:
-    setattr(TorchCommFake, _op, _no_op(_op))
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        return self._done("reduce_scatter", options)
+
+    def reduce_scatter_v(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        return self._done("reduce_scatter_v", options)
+
+    def reduce_scatter_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        return self._done("reduce_scatter_single", options)
+
+    def all_to_all_single(
+        self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        return self._done("all_to_all_single", options)
+
+    def all_to_all_v_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        return self._done("all_to_all_v_single", options)
+
+    def all_to_all(
+        self,
+        output_tensor_list: list[torch.Tensor],
+        input_tensor_list: list[torch.Tensor],
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        return self._done("all_to_all", options)
+
+    def barrier(self, async_op: bool, options: OpOptions) -> TorchWork:
+        return self._done("barrier", options)
+
+    def scatter(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor_list: list[torch.Tensor],
+        root: int,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        return self._done("scatter", options)
+
+    def gather(
+        self,
+        output_tensor_list: list[torch.Tensor],
+        input_tensor: torch.Tensor,
+        root: int,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        return self._done("gather", options)
+
+    def gather_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        root: int,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        return self._done("gather_single", options)

@@ -1,0 +1,216 @@
+"""``CommBackend``: the one typed interface ``TorchComm`` calls, for every backend.
+
+Built-in backends (``gloo``, ``fake``) subclass it directly; a plug-in written to
+upstream's calling convention (``TorchCommBackend``) is wrapped once, in ``new_comm``,
+by ``backends.plugin.PluginBackend``.  Every op takes the API's arguments (validated by
+``TorchComm``), then ``async_op`` and an ``OpOptions`` (resolved timeout, hints, op
+name and id), and returns a ``TorchWork``.
+
+Failure state lives in ``TorchComm`` (``torchcomms.state``): it hands the backend its
+``CommStatus`` (``bind_status``) before the first op.  A backend reports a failure with
+one call, ``report_failure(error)``; from then on ``TorchComm`` refuses new ops with the
+original cause, and a backend with queued async ops refuses those with ``check_usable``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+
+import torch
+
+from torchcomms.backends.base import TorchCommBackend
+from torchcomms.errors import CommError
+from torchcomms.state import CommStatus
+from torchcomms.types import CommOptions, OpOptions, P2POp, ReduceOp
+from torchcomms.work import TorchWork
+
+#: Called once, with the first failure, after the comm moved to its error state.
+FailureListener = Callable[[CommError], None]
+
+
+class CommBackend(TorchCommBackend, abc.ABC):
+    """A backend as ``TorchComm`` calls it (see the module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._status = CommStatus()  # replaced by the owning TorchComm's, see bind_status
+
+    # -- what TorchComm needs besides the ops ----------------------------------------------
+    def bind_status(self, status: CommStatus) -> None:
+        """Share the owning communicator's state machine (called once, before any op)."""
+        self._status = status
+
+    @property
+    def status(self) -> CommStatus:
+        return self._status
+
+    def report_failure(self, error: CommError) -> CommError:
+        """Move the comm to its error state (the first report wins); returns ``error``."""
+        if self._status.fail(error):
+            self.on_failure(error)
+        return error
+
+    def on_failure(self, error: CommError) -> None:
+        """Runs once, on the reporting thread, after the first failure (e.g. tell the peers)."""
+
+    def check_usable(self, prefix: str) -> None:
+        """Raise the state error (with the original cause) unless ops may run."""
+        self._status.check(prefix, type(self.backend_object()).__name__)
+
+    def backend_object(self) -> TorchCommBackend:
+        """What ``TorchComm.get_backend_impl()`` returns (a plug-in's own instance)."""
+        return self
+
+    def self_p2p_allowed(self) -> bool:
+        """Upstream's TorchComm only range-checks peers; gloo refuses to send to itself."""
+        return True
+
+    def supported_dtypes(self) -> frozenset[torch.dtype] | None:
+        """The dtypes this backend moves; ``None`` means "no restriction known"."""
+        return None
+
+    @abc.abstractmethod
+    def split(self, ranks: list[int], name: str, options: CommOptions) -> CommBackend: ...
+
+    # -- operations ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def send(
+        self, tensor: torch.Tensor, dst: int, async_op: bool, options: OpOptions
+    ) -> TorchWork: ...
+
+    @abc.abstractmethod
+    def recv(
+        self, tensor: torch.Tensor, src: int, async_op: bool, options: OpOptions
+    ) -> TorchWork: ...
+
+    @abc.abstractmethod
+    def batch_op_issue(
+        self, ops: list[P2POp], async_op: bool, options: OpOptions
+    ) -> TorchWork: ...
+
+    @abc.abstractmethod
+    def broadcast(
+        self, tensor: torch.Tensor, root: int, async_op: bool, options: OpOptions
+    ) -> TorchWork: ...
+
+    @abc.abstractmethod
+    def all_reduce(
+        self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, options: OpOptions
+    ) -> TorchWork: ...
+
+    @abc.abstractmethod
+    def reduce(
+        self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool, options: OpOptions
+    ) -> TorchWork: ...
+
+    @abc.abstractmethod
+    def all_gather(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork: ...
+
+    @abc.abstractmethod
+    def all_gather_v(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork: ...
+
+    @abc.abstractmethod
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
+    ) -> TorchWork: ...
+
+    @abc.abstractmethod
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork: ...
+
+    @abc.abstractmethod
+    def reduce_scatter_v(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork: ...
+
+    @abc.abstractmethod
+    def reduce_scatter_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork: ...
+
+    @abc.abstractmethod
+    def all_to_all_single(
+        self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
+    ) -> TorchWork: ...
+
+    @abc.abstractmethod
+    def all_to_all_v_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork: ...
+
+    @abc.abstractmethod
+    def all_to_all(
+        self,
+        output_tensor_list: list[torch.Tensor],
+        input_tensor_list: list[torch.Tensor],
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork: ...
+
+    @abc.abstractmethod
+    def barrier(self, async_op: bool, options: OpOptions) -> TorchWork: ...
+
+    @abc.abstractmethod
+    def scatter(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor_list: list[torch.Tensor],
+        root: int,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork: ...
+
+    @abc.abstractmethod
+    def gather(
+        self,
+        output_tensor_list: list[torch.Tensor],
+        input_tensor: torch.Tensor,
+        root: int,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork: ...
+
+    @abc.abstractmethod
+    def gather_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        root: int,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork: ...

@@ -1,0 +1,287 @@
+"""``PluginBackend``: a plug-in written to upstream's calling convention, as a ``CommBackend``.
+
+``new_comm`` wraps a ``TorchCommBackend`` that is not a ``CommBackend`` in one of these,
+once.  Each op drops the ``OpOptions`` (upstream passes plug-ins no hints and no
+timeout), calls the plug-in with the reference's positional arguments, and turns its
+result (``None`` or an object with ``wait()``) into a ``TorchWork``.  ``gather_single``
+is composed from ``gather`` as upstream's default does; ``batch_op_issue`` is refused
+with upstream's error.
+
+Failures: an exception the plug-in raises from an op, or from its work's ``wait()``,
+moves the communicator to its error state (later ops fail fast quoting it), except a
+method the plug-in does not implement (upstream's "pure virtual" error), which leaves
+the comm as it was.  Runs on the caller's thread (plug-ins own their concurrency).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from torchcomms.backends.base import TorchCommBackend
+from torchcomms.backends.contract import CommBackend
+from torchcomms.errors import BackendNotImplementedError, CommError
+from torchcomms.types import CommOptions, OpOptions, P2POp, ReduceOp
+from torchcomms.work import PythonBackendWork, TorchWork, completed_python_work
+
+BATCH_UNSUPPORTED = "[PyTorchCommBackend]: batch_op_issue not implemented for Python backends"
+
+
+class PluginBackend(CommBackend):
+    """Adapts one plug-in instance (see the module docstring)."""
+
+    def __init__(self, plugin: TorchCommBackend) -> None:
+        super().__init__()
+        self.plugin = plugin
+
+    def backend_object(self) -> TorchCommBackend:
+        return self.plugin
+
+    # -- lifecycle and getters: straight through -------------------------------------------
+    def init(self, device: torch.device, name: str, options: CommOptions) -> None:
+        self.plugin.init(device, name, options)
+
+    def finalize(self) -> None:
+        self.plugin.finalize()
+
+    def get_rank(self) -> int:
+        return self.plugin.get_rank()
+
+    def get_size(self) -> int:
+        return self.plugin.get_size()
+
+    def get_backend_name(self) -> str:
+        return self.plugin.get_backend_name()
+
+    def get_comm_name(self) -> str:
+        return self.plugin.get_comm_name()
+
+    def get_backend_version(self) -> str:
+        return self.plugin.get_backend_version()
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self.plugin.set_timeout(timeout)
+
+    def set_hints(self, hints: dict[str, str]) -> None:
+        self.plugin.set_hints(hints)
+
+    def abort(self) -> None:
+        self.plugin.abort()
+
+    def is_abort_supported(self) -> bool:
+        return self.plugin.is_abort_supported()
+
+    def is_aborted(self) -> bool:
+        return self.plugin.is_aborted()
+
+    def supports_reconfigure(self) -> bool:
+        return self.plugin.supports_reconfigure()
+
+    def get_init_handle(self) -> str:
+        return self.plugin.get_init_handle()
+
+    def reconfigure(self, uuid: int, init_handles: Any, timeout: Any, hints: Any) -> Any:
+        return self.plugin.reconfigure(uuid, init_handles, timeout, hints)
+
+    def new_window(self, tensor: torch.Tensor | None = None) -> Any:
+        return self.plugin.new_window(tensor)
+
+    def tensor_register(self, tensor: torch.Tensor) -> None:
+        self.plugin.tensor_register(tensor)
+
+    def tensor_deregister(self, tensor: torch.Tensor) -> None:
+        self.plugin.tensor_deregister(tensor)
+
+    def split(self, ranks: list[int], name: str, options: CommOptions) -> CommBackend:
+        return adapt(self.plugin.split(ranks, name, options))
+
+    # -- operations ------------------------------------------------------------------------
+    def _call(self, call: Callable[[], Any]) -> TorchWork:
+        try:
+            result = call()
+        except BackendNotImplementedError:
+            raise
+        except BaseException as exc:
+            self._failed(exc)
+            raise
+        return as_work(result, self._failed)
+
+    def _failed(self, exc: BaseException) -> None:
+        if isinstance(exc, Exception):
+            cause = exc if isinstance(exc, CommError) else CommError(f"{type(exc).__name__}: {exc}")
+            self.report_failure(cause)
+
+    def send(self, tensor: torch.Tensor, dst: int, async_op: bool, options: OpOptions) -> TorchWork:
+        return self._call(lambda: self.plugin.send(tensor, dst, async_op))
+
+    def recv(self, tensor: torch.Tensor, src: int, async_op: bool, options: OpOptions) -> TorchWork:
+        return self._call(lambda: self.plugin.recv(tensor, src, async_op))
+
+    def batch_op_issue(self, ops: list[P2POp], async_op: bool, options: OpOptions) -> TorchWork:
+        raise RuntimeError(BATCH_UNSUPPORTED)
+
+    def broadcast(
+        self, tensor: torch.Tensor, root: int, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        return self._call(lambda: self.plugin.broadcast(tensor, root, async_op))
+
+    def all_reduce(
+        self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        return self._call(lambda: self.plugin.all_reduce(tensor, op, async_op))
+
+    def reduce(
+        self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        return self._call(lambda: self.plugin.reduce(tensor, root, op, async_op))
+
+    def all_gather(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        return self._call(lambda: self.plugin.all_gather(tensor_list, tensor, async_op))
+
+    def all_gather_v(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        return self._call(lambda: self.plugin.all_gather_v(tensor_list, tensor, async_op))
+
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        return self._call(lambda: self.plugin.all_gather_single(output, input, async_op))
+
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        return self._call(lambda: self.plugin.reduce_scatter(output, input_list, op, async_op))
+
+    def reduce_scatter_v(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        return self._call(lambda: self.plugin.reduce_scatter_v(output, input_list, op, async_op))
+
+    def reduce_scatter_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        return self._call(lambda: self.plugin.reduce_scatter_single(output, input, op, async_op))
+
+    def all_to_all_single(
+        self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        return self._call(lambda: self.plugin.all_to_all_single(output, input, async_op))
+
+    def all_to_all_v_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        return self._call(
+            lambda: self.plugin.all_to_all_v_single(
+                output, input, output_split_sizes, input_split_sizes, async_op
+            )
+        )
+
+    def all_to_all(
+        self,
+        output_tensor_list: list[torch.Tensor],
+        input_tensor_list: list[torch.Tensor],
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        return self._call(
+            lambda: self.plugin.all_to_all(output_tensor_list, input_tensor_list, async_op)
+        )
+
+    def barrier(self, async_op: bool, options: OpOptions) -> TorchWork:
+        return self._call(lambda: self.plugin.barrier(async_op))
+
+    def scatter(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor_list: list[torch.Tensor],
+        root: int,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        return self._call(
+            lambda: self.plugin.scatter(output_tensor, input_tensor_list, root, async_op)
+        )
+
+    def gather(
+        self,
+        output_tensor_list: list[torch.Tensor],
+        input_tensor: torch.Tensor,
+        root: int,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        return self._call(
+            lambda: self.plugin.gather(output_tensor_list, input_tensor, root, async_op)
+        )
+
+    def gather_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        root: int,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        """Upstream's default: the root views its output as comm_size chunks and gathers."""
+        outs = list(output.view(-1).chunk(self.get_size())) if self.get_rank() == root else []
+        return self._call(lambda: self.plugin.gather(outs, input, root, async_op))
+
+
+def as_work(result: Any, on_error: Callable[[BaseException], None] | None = None) -> TorchWork:
+    """A plug-in's op result (``None`` or an object with ``wait()``) as a ``TorchWork``."""
+    if result is None:
+        return completed_python_work()
+    if isinstance(result, TorchWork):
+        return result
+    if not callable(getattr(result, "wait", None)):
+        raise TypeError(
+            "a Python backend op must return None or an object with wait(), "
+            f"got {type(result).__name__}"
+        )
+    return PythonBackendWork(result, on_error=on_error)
+
+
+def adapt(backend: TorchCommBackend) -> CommBackend:
+    """The ``CommBackend`` that ``TorchComm`` calls for ``backend`` (itself, or an adapter)."""
+    if isinstance(backend, CommBackend):
+        return backend
+    if not isinstance(backend, TorchCommBackend):
+        raise TypeError(
+            f"backend class {type(backend).__name__} must subclass TorchCommBackend"
+        )
+    return PluginBackend(backend)

@@ -1,0 +1,82 @@
+"""The communicator's state machine, owned by ``TorchComm`` and shared with its backend.
+
+::
+
+    uninitialized ──reconfigure──► ready ──failure──► error ──abort──► aborted
+    (reconfigure mode)               │                  │                 │
+                                     └──────────────────┴──── finalize ───┴──► finalized
+
+* ``ready``: ops run.  ``uninitialized`` (a comm made with ``enable_reconfigure=True``
+  before its first ``reconfigure``) refuses ops.
+* ``error``: the first failure a backend reports (``fail``) is kept as the cause; every
+  later op fails fast with an error of the same type that quotes it.  Any thread may
+  report (an async op fails on the comm's executor thread); the first report wins.
+* ``aborted`` and ``finalized`` refuse everything but ``finalize`` after abort.
+
+``_lock`` guards the transitions; ``check`` reads without it (a stale read only lets one
+op start that will fail on its own).
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+
+from torchcomms.errors import CommAbortedError, CommError, CommStateError
+
+
+class CommState(enum.Enum):
+    UNINITIALIZED = "uninitialized"
+    READY = "ready"
+    ERROR = "error"
+    ABORTED = "aborted"
+    FINALIZED = "finalized"
+
+
+class CommStatus:
+    """One communicator's state and the cause of its failure (see the module docstring)."""
+
+    __slots__ = ("_lock", "cause", "state")
+
+    def __init__(self, state: CommState = CommState.READY) -> None:
+        self.state = state
+        self.cause: CommError | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def usable(self) -> bool:
+        return self.state is CommState.READY
+
+    def fail(self, error: CommError) -> bool:
+        """Record a failure; True when it is the first (the comm moved to ``error``)."""
+        with self._lock:
+            if self.state is not CommState.READY:
+                return False
+            self.state = CommState.ERROR
+            self.cause = error
+            return True
+
+    def set(self, state: CommState) -> None:
+        with self._lock:
+            self.state = state
+
+    def check(self, prefix: str, backend: str) -> None:
+        """Raise unless ops may run; ``prefix`` is ``[Backend comm=… rank=…] op: ``."""
+        state = self.state
+        if state is CommState.READY:
+            return
+        if state is CommState.ERROR:
+            cause = self.cause
+            assert cause is not None
+            raise type(cause)(
+                f"{prefix}communicator is unusable after an earlier failure: {cause}"
+            ) from cause
+        if state is CommState.ABORTED:
+            raise CommAbortedError(f"{prefix}the communicator was aborted")
+        if state is CommState.FINALIZED:
+            raise CommStateError(
+                f"{prefix}{backend} not initialized (the communicator was finalized)"
+            )
+        raise CommStateError(
+            f"{prefix}{backend} not initialized (reconfigure() has not been called yet)"
+        )
