@@ -7,8 +7,14 @@ then uses the wrapper as the process group itself, and every c10d call (the Pyth
 DDP's reducer, FSDP2, DTensor's functional collectives through the C++ dispatcher) lands on
 a method below that maps it to the comm (reference §8.1).
 
+Modules: this one holds the process group (and its ``options``); ``_c10d_work`` the c10d
+``Work`` it returns (``_WorkWrapper``), ``_c10d_args`` the conversions from c10d's calling
+conventions (reduce ops, options objects, tensor lists).  Their names are importable here.
+
 Import rule: PyTorch imports this module while ``torch.distributed`` is half-initialised,
-so at module level it imports only ``torch``, ``torch._C._distributed_c10d`` and the stdlib.
+so at module level it imports only ``torch``, ``torch._C._distributed_c10d``, the stdlib
+and torchcomms modules that obey the same rule (``_c10d_args``, ``_c10d_work``, ``comm``,
+``work``).
 
 Concurrency: each c10d call is issued on the calling thread, in call order, like any
 TorchComm op.  A ``_WorkWrapper`` completes its future from the TorchWork's done-callback
@@ -20,7 +26,6 @@ without anyone calling ``wait()``.  Coalescing state (``_start_coalescing`` ..
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -28,14 +33,24 @@ from typing import Any
 import torch
 from torch._C import _distributed_c10d as c10d
 
+from torchcomms._c10d_args import (
+    _aliased,
+    _c10d_op,
+    _even_splits,
+    _is_reduce_op,
+    _options,
+    _reduce_op,
+    _single,
+    _single_list,
+    _tag,
+)
+from torchcomms._c10d_work import _WorkWrapper
 from torchcomms.comm import BatchSendRecv, TorchComm
-from torchcomms.types import RedOpType, ReduceOp
 from torchcomms.work import TorchWork
 
 logger = logging.getLogger("torchcomms.backend_wrapper")
 
 BACKEND_NAME = "torchcomms"
-_UNSET_TIMEOUT = timedelta(0)
 _MB_TAG_SIZE = 1
 
 
@@ -49,130 +64,6 @@ class _BackendWrapperOptions(c10d.Backend.Options):
         self.is_high_priority_stream = opts.is_high_priority_stream
         self.store = opts.store
         self.hints = dict(opts.hints)
-
-
-class _WorkWrapper(c10d.Work):
-    """A c10d ``Work`` over one or more TorchWorks (all must finish); see the module docstring.
-
-    ``finish`` (optional) runs once after every TorchWork succeeded, before the future
-    completes (e.g. copying a staged all_gather back into aliased outputs).
-    """
-
-    def __init__(
-        self,
-        works: Sequence[TorchWork],
-        result: list[torch.Tensor],
-        timeout: timedelta | None = None,
-        finish: Callable[[], None] | None = None,
-    ) -> None:
-        super().__init__()
-        self._works = list(works)
-        self._result = result
-        self._timeout = timeout
-        self._finish = finish
-        self._future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
-        self._lock = threading.Lock()
-        self._pending = len(self._works)
-        self._error: BaseException | None = None
-        if not self._works:
-            self._complete()
-        for work in self._works:
-            work._add_done_callback(self._one_done)
-
-    def _one_done(self, work: TorchWork) -> None:
-        with self._lock:
-            error = work.exception()
-            if error is not None and self._error is None:
-                self._error = error
-            self._pending -= 1
-            last = self._pending == 0
-        if last:
-            self._complete()
-
-    def _complete(self) -> None:
-        if self._error is None and self._finish is not None:
-            try:
-                self._finish()
-            except BaseException as exc:
-                self._error = exc
-        if self._error is not None:
-            self._future.set_exception(self._error)  # type: ignore[arg-type]
-        else:
-            self._future.set_result(self._result)
-
-    # -- c10d.Work API -------------------------------------------------------------------
-    def wait(self, timeout: timedelta = _UNSET_TIMEOUT) -> bool:
-        if timeout != _UNSET_TIMEOUT:
-            raise RuntimeError("wait timeout not supported")
-        for work in self._works:
-            work.wait()
-        if self._error is not None:
-            raise self._error
-        return True
-
-    def is_completed(self) -> bool:
-        return self._future.done()
-
-    def is_success(self) -> bool:
-        return self._future.done() and self._error is None
-
-    def exception(self) -> BaseException | None:
-        return self._error
-
-    def result(self) -> list[torch.Tensor]:
-        return self._result
-
-    def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
-        return self._future
-
-    def synchronize(self) -> None:
-        """CPU ops are complete once waited; there is no stream to synchronise."""
-
-    def block_current_stream(self) -> None:
-        self.wait()
-
-    def source_rank(self) -> int:
-        raise RuntimeError("source_rank is only defined for recv_anysource works")
-
-    def _timeout_value(self) -> timedelta | None:
-        return self._timeout
-
-
-def _reduce_op(op: Any) -> ReduceOp:
-    """The TorchComm ``ReduceOp`` for a c10d ``ReduceOp`` / ``RedOpType`` (incl. PREMUL_SUM)."""
-    if isinstance(op, ReduceOp):
-        return op
-    if isinstance(op, RedOpType):
-        return ReduceOp(op) if op is not RedOpType.PREMUL_SUM else ReduceOp.PREMUL_SUM(1.0)
-    kind = op.op if isinstance(op, c10d.ReduceOp) else op  # type: ignore[attr-defined]
-    name = getattr(kind, "name", None)
-    if name is None:
-        raise TypeError(f"unsupported reduce op {op!r}")
-    if name == "PREMUL_SUM":
-        factor = getattr(op, "factor", None)
-        if factor is None:
-            raise RuntimeError("PREMUL_SUM reduce op has no factor")
-        return ReduceOp.PREMUL_SUM(factor)
-    return ReduceOp(RedOpType[name])
-
-
-def _single(tensors: Any, what: str) -> torch.Tensor:
-    if isinstance(tensors, torch.Tensor):
-        return tensors
-    if len(tensors) != 1:
-        raise RuntimeError(f"Only single tensor supported, but got {len(tensors)} tensors")
-    t = tensors[0]
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{what}: expected a tensor, got {type(t).__name__}")
-    return t
-
-
-def _aliased(outputs: Sequence[torch.Tensor]) -> bool:
-    return (
-        len(outputs) > 1
-        and outputs[0].numel() > 0
-        and outputs[0].data_ptr() == outputs[1].data_ptr()
-    )
 
 
 class _BackendWrapper(c10d.ProcessGroup):
@@ -542,7 +433,9 @@ class _BackendWrapper(c10d.ProcessGroup):
     ) -> _WorkWrapper:
         opts = opts if opts is not None else c10d.AllToAllOptions()
         timeout = self._timeout(opts)
-        work = self._comm.all_to_all(list(outputs), list(inputs), self._async(opts), timeout=timeout)
+        work = self._comm.all_to_all(
+            list(outputs), list(inputs), self._async(opts), timeout=timeout
+        )
         return self._wrap([work], list(outputs), timeout)
 
     def barrier(self, opts: Any = None, timeout: Any = None) -> _WorkWrapper:
@@ -653,54 +546,3 @@ class _BackendWrapper(c10d.ProcessGroup):
             f"_BackendWrapper(group={self._group_name!r}, backend={self._comm.get_backend()!r}, "
             f"rank={self.rank()}/{self.size()})"
         )
-
-
-def _is_reduce_op(value: Any) -> bool:
-    return isinstance(value, (c10d.ReduceOp, ReduceOp)) or type(value).__name__ == "RedOpType"
-
-
-def _c10d_op(op: Any) -> Any:
-    """``op`` (c10d's or ours) as a c10d ``ReduceOp``; None stays None (the default, SUM)."""
-    if op is None or isinstance(op, c10d.ReduceOp):
-        return op
-    ours = _reduce_op(op)
-    if ours.type is RedOpType.PREMUL_SUM:
-        return c10d._make_nccl_premul_sum(ours.factor_value())
-    return c10d.ReduceOp(getattr(c10d.ReduceOp.RedOpType, ours.type.name))
-
-
-def _options(cls: Any, opts: Any, timeout: Any, **fields: Any) -> Any:
-    """c10d options from either an options object or the binding's loose arguments.
-
-    A ``timedelta`` in the ``opts`` position is the positional ``timeout`` of the
-    convenience overloads; ``fields`` set to ``None`` keep the options' defaults.
-    """
-    if isinstance(opts, timedelta):
-        opts, timeout = None, opts
-    if opts is None:
-        opts = cls()
-    elif not isinstance(opts, cls):
-        raise TypeError(f"expected {cls.__name__}, got {type(opts).__name__}")
-    if isinstance(timeout, timedelta):
-        opts.timeout = timeout
-    for name, value in fields.items():
-        if value is not None:
-            setattr(opts, name, value)
-    return opts
-
-
-def _tag(tag: int) -> dict[str, str]:
-    return {"tag": str(int(tag))}
-
-
-def _single_list(lists: Any) -> list[torch.Tensor]:
-    if len(lists) != 1:
-        raise RuntimeError(f"Only single tensor supported, but got {len(lists)} tensors")
-    return list(lists[0])
-
-
-def _even_splits(t: torch.Tensor, n: int) -> list[int]:
-    rows = t.shape[0] if t.dim() > 0 else 0
-    if rows % n:
-        raise RuntimeError(f"alltoall_base: {rows} rows cannot be split evenly across {n} ranks")
-    return [rows // n] * n

@@ -27,8 +27,8 @@ from typing import IO, Any
 
 import torch
 
+from torchcomms import opinfo
 from torchcomms.comm import TorchComm
-from torchcomms.hooks import _opinfo
 from torchcomms.oprecord import OpRecord
 from torchcomms.types import OpName, RedOpType
 
@@ -73,7 +73,7 @@ _ROOTED = frozenset(
 
 def _dtype(t: Any) -> str:
     if isinstance(t, torch.Tensor):
-        return _opinfo.SHORT_DTYPE_NAMES.get(t.dtype, "other")
+        return opinfo.SHORT_DTYPE_NAMES.get(t.dtype, "other")
     return "other"
 
 
@@ -139,7 +139,7 @@ def signature(name: OpName, args: Any, call_args: tuple[Any, ...], buffers: bool
     elif name is OpName.batch_op_issue:
         parts.append(f"num_ops={args.num_ops}")
     if name in _REDUCING:
-        op = _opinfo.reduce_op(call_args)
+        op = opinfo.reduce_op(call_args)
         parts.append(f"red_op={_RED_OP_NAMES.get(op.type, 'unknown') if op else 'unknown'}")
     if name in _ROOTED:
         parts.append(f"root={args.root}")

@@ -19,6 +19,16 @@ nothing else handles that signal (``faulthandler.register(SIGUSR1)`` or a native
 is left alone; ``TORCHCOMM_FR_DUMP_ON_SIGUSR1=1`` takes the signal anyway, still calling a
 Python-level previous handler, ``=0`` never takes it).
 
+Modules: this one is the recorder (the ring buffer observer, the process-wide buffer,
+auto-dumps, the hook); ``_fr_dump`` holds the dump format, communicator metadata and file
+writing, ``_fr_signal`` the SIGUSR1 handler.  Their public names are importable from here.
+
+Threads: ``op_scheduled`` (and ``comm_split``) run on the thread issuing the op and append
+one entry; ``op_finished`` runs on whichever thread finished the op (see
+``torchcomms.oprecord``) and only dumps if the op failed; the abort hook runs on the
+aborting thread.  Dumps copy the buffer (retrying if it changes underneath) and may run on
+any thread, concurrently with recording.
+
 Cost: one tuple per op, appended to a ``deque`` (about 0.8 us/op on top of the ~1 us shared
 ``OpRecord``); no stack capture unless ``TORCHCOMM_FR_STACK=1``.  Entries keep the op's
 record (times, error, and so its communicator object) until they are overwritten, never
@@ -32,102 +42,53 @@ import itertools
 import json
 import logging
 import os
-import pickle
-import signal
-import socket
 import sys
 import threading
 import time
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from torchcomms import config
+from torchcomms import config, opinfo
 from torchcomms.comm import RemovableHandle, TorchComm, add_default_observer
 from torchcomms.errors import CommAbortedError, CommTimeoutError, PeerFailureError
-from torchcomms.hooks import _opinfo
+from torchcomms.hooks import _fr_signal
+from torchcomms.hooks._fr_dump import (
+    DUMP_MARK,
+    FR_VERSION,
+    CommMeta,
+    Entry,
+    comm_meta,
+    dump_document,
+    dump_path,
+    entry_to_dict,
+    find_meta,
+    process_global_rank,
+    write_dump_file,
+)
 from torchcomms.oprecord import OpRecord
 from torchcomms.types import OpName
 
-if TYPE_CHECKING:
-    from collections.abc import Iterable
-
 logger = logging.getLogger("torchcomms.hooks.fr")
 
-FR_VERSION = "2.10"
-DUMP_MARK = "flight recorder dump: "
+__all__ = [
+    "DUMP_MARK",
+    "FR_VERSION",
+    "CommMeta",
+    "Entry",
+    "FlightRecorderHook",
+    "auto_dump",
+    "comm_meta",
+    "dump_path",
+    "entry_to_dict",
+    "global_ring",
+    "install_signal_handler",
+    "process_global_rank",
+    "write_dump",
+]
 
 _AUTO_DUMP_ERRORS = (CommTimeoutError, PeerFailureError, CommAbortedError)
-_EMPTY_SHAPES: _opinfo.Shapes = ((), (), (), ())
-
-# PyTorch's analyzer only knows these op names; ours map onto them.
-_PROFILING_OP = {name: name.name for name in OpName}
-_PROFILING_OP[OpName.gather_single] = "gather"
-_PROFILING_OP[OpName.batch_op_issue] = "coalesced"
-
-
-# -- per-communicator metadata (shared by every recorder) -----------------------------------------
-class CommMeta:
-    """How a communicator appears in dumps: name, description, global ranks, pg_id."""
-
-    __slots__ = ("__weakref__", "backend", "desc", "name", "pg_id", "rank", "ranks")
-
-    def __init__(
-        self, name: str, desc: str, ranks: list[int], pg_id: int, backend: str, rank: int
-    ) -> None:
-        self.name = name
-        self.desc = desc
-        self.ranks = ranks
-        self.pg_id = pg_id
-        self.backend = backend
-        self.rank = rank  # this process's rank in the communicator
-
-    @property
-    def global_rank(self) -> int:
-        return self.ranks[self.rank] if 0 <= self.rank < len(self.ranks) else self.rank
-
-
-_metas: weakref.WeakKeyDictionary[TorchComm, CommMeta] = weakref.WeakKeyDictionary()
-_pg_ids = itertools.count()
-_meta_lock = threading.Lock()
-
-
-def comm_meta(
-    comm: TorchComm, parent: TorchComm | None = None, members: list[int] | None = None
-) -> CommMeta:
-    """The metadata of ``comm``, created on first sight (a split child maps through its parent)."""
-    meta = _metas.get(comm)
-    if meta is not None:
-        return meta
-    with _meta_lock:
-        meta = _metas.get(comm)
-        if meta is not None:
-            return meta
-        try:
-            rank, size = comm.get_rank(), comm.get_size()
-        except Exception:
-            rank, size = -1, 0
-        if parent is not None and members is not None:
-            pmeta = comm_meta(parent)
-            ranks = [pmeta.ranks[r] if r < len(pmeta.ranks) else r for r in members]
-            desc = f"split:{pmeta.name}"
-        else:
-            ranks = list(range(size))
-            desc = "default_pg"
-        meta = CommMeta(comm._safe_name(), desc, ranks, next(_pg_ids), comm.get_backend(), rank)
-        _metas[comm] = meta
-        return meta
-
-
-def process_global_rank() -> int:
-    """This process's rank in the job: ``RANK``/``TORCHCOMM_RANK`` else the first comm's rank."""
-    for var in ("RANK", "TORCHCOMM_RANK"):
-        value = config.env_int(var)
-        if value is not None:
-            return value
-    for meta in list(_metas.values()):
-        return meta.global_rank
-    return 0
+_EMPTY_SHAPES: opinfo.Shapes = ((), (), (), ())
 
 
 # -- entries ---------------------------------------------------------------------------------------
@@ -145,64 +106,6 @@ class _SplitRecord:
         self.timeout = timeout
         now = time.time_ns()
         self.time_created_ns = self.started_ns = self.time_completed_ns = now
-
-
-# An entry is a plain tuple (cheapest to build on the hot path):
-# (record, record_id, meta, collective_seq_id, p2p_seq_id, shapes, dtype, peer, thread, frames)
-# where a one-tensor op (in place, or p2p) stores its torch.Size in ``shapes`` and its dtype in
-# ``dtype``, and every other op stores ``_opinfo.Shapes`` with ``dtype`` None (fewer objects).
-Entry = tuple[Any, int, CommMeta, int, int, Any, Any, int, threading.Thread, list[Any]]
-
-
-def entry_to_dict(entry: Entry) -> dict[str, Any]:
-    """One entry in PyTorch's flight-recorder format (plus ``error``)."""
-    record, record_id, meta, coll_seq, p2p_seq, shapes, dtype, peer, thread, frames = entry
-    name = record.name
-    state = record.state
-    created = record.time_created_ns
-    started = record.started_ns
-    completed = record.time_completed_ns
-    error = record.error
-    if started is None and completed is not None:
-        # Finished without a known start (an async op the backend completed inline).
-        started = created
-    op = _PROFILING_OP.get(name, name.name)
-    if name is OpName.send:
-        op = f"send {meta.rank}->{peer}"
-    elif name is OpName.recv:
-        op = f"recv {meta.rank}<-{peer}"
-    if dtype is not None:
-        ins = outs = (shapes,)
-        ind = outd = (dtype,)
-    else:
-        ins, ind, outs, outd = shapes
-    d: dict[str, Any] = {
-        "record_id": record_id,
-        "pg_id": meta.pg_id,
-        "process_group": [meta.name, meta.desc],
-        "collective_seq_id": coll_seq,
-        "p2p_seq_id": p2p_seq,
-        "op_id": record.op_id,
-        "profiling_name": f"{meta.backend}:{op}",
-        "time_created_ns": created,
-        "input_sizes": [list(s) for s in ins],
-        "input_dtypes": [_opinfo.c10_dtype_name(x) for x in ind],
-        "output_sizes": [list(s) for s in outs],
-        "output_dtypes": [_opinfo.c10_dtype_name(x) for x in outd],
-        "state": state,
-        "time_discovered_started_ns": started,
-        "time_discovered_completed_ns": completed,
-        "retired": completed is not None,
-        "timeout_ms": int(record.timeout.total_seconds() * 1000),
-        "is_p2p": name in _opinfo.P2P_OPS,
-        "frames": frames,
-        "thread_id": str(thread.ident),
-        "thread_name": thread.name,
-        "error": None if error is None else f"{type(error).__name__}: {error}",
-    }
-    if completed is not None and started is not None:
-        d["duration_ms"] = max(completed - started, 0) / 1e6
-    return d
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -231,8 +134,8 @@ class _SeqState:
 
 _NO_FRAMES: list[Any] = []
 # Keyed by the enum's raw value: hashing an Enum member runs Python code (hot path).
-_P2P_VALUES = frozenset(n._value_ for n in _opinfo.P2P_OPS)
-_SHAPES_BY_VALUE = {n._value_: fn for n, fn in _opinfo.SHAPES.items()}
+_P2P_VALUES = frozenset(n._value_ for n in opinfo.P2P_OPS)
+_SHAPES_BY_VALUE = {n._value_: fn for n, fn in opinfo.SHAPES.items()}
 _current_thread = threading.current_thread
 _ONE_TENSOR = frozenset(
     n._value_
@@ -378,66 +281,17 @@ class _Ring:
             entries = [d for d in entries if d["state"] != "completed"]
         metas: dict[str, CommMeta] = {}
         for comm in list(self.seqs.keys()) + list(self.regs.keys()):
-            meta = _metas.get(comm)
+            meta = find_meta(comm)
             if meta is not None:
                 metas.setdefault(meta.name, meta)
         for e in self.snapshot():  # entries of communicators that are gone
             metas.setdefault(e[2].name, e[2])
-        pg_config = {
-            name: {"name": name, "desc": m.desc, "ranks": str(m.ranks)} for name, m in metas.items()
-        }
-        pg_status = {name: _pg_status(name, entries) for name in metas}
-        return {
-            "version": FR_VERSION,
-            "comm_lib_version": "torchcomms",
-            "pg_config": pg_config,
-            "pg_status": pg_status,
-            "entries": entries,
-            "torchcomms": {
-                "rank": process_global_rank(),
-                "hostname": socket.gethostname(),
-                "pid": os.getpid(),
-                "dump_time_ns": time.time_ns(),
-                "reason": reason,
-            },
-        }
-
-
-def _pg_status(name: str, entries: Iterable[dict[str, Any]]) -> dict[str, int]:
-    enqueued = started = completed = -1
-    for d in entries:
-        if d["process_group"][0] != name or d["is_p2p"]:
-            continue
-        seq = d["collective_seq_id"]
-        enqueued = max(enqueued, seq)
-        if d["state"] != "scheduled":
-            started = max(started, seq)
-        if d["state"] == "completed":
-            completed = max(completed, seq)
-    return {
-        "last_enqueued_collective": enqueued,
-        "last_started_collective": started,
-        "last_completed_collective": completed,
-    }
-
-
-def dump_path(rank: int) -> str:
-    return f"{config.fr_dump_prefix()}{rank}"
+        return dump_document(entries, metas, reason)
 
 
 def write_dump(ring: _Ring, rank: int, include_completed: bool = True, reason: str = "") -> str:
     """Pickle ``ring`` to ``<prefix><rank>`` (atomically) and return the path."""
-    path = dump_path(rank)
-    data = ring.dump_dict(include_completed, reason)
-    data["torchcomms"]["rank"] = rank
-    directory = os.path.dirname(path)
-    if directory:
-        os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}.{threading.get_ident()}"
-    with open(tmp, "wb") as f:
-        pickle.dump(data, f)
-    os.replace(tmp, path)
-    return path
+    return write_dump_file(ring.dump_dict(include_completed, reason), rank)
 
 
 def auto_dump(ring: _Ring, error: BaseException | None, comm: TorchComm) -> str | None:
@@ -502,9 +356,6 @@ add_default_observer(_default_recorder)
 
 
 # -- SIGUSR1 ---------------------------------------------------------------------------------------
-_signal_installed = False
-
-
 def _signal_dump() -> None:
     ring = _global_ring
     if ring is None:
@@ -516,80 +367,9 @@ def _signal_dump() -> None:
         logger.exception("torchcomms: flight recorder SIGUSR1 dump failed")
 
 
-def _handler_is_default(signum: int) -> bool:
-    """Whether the OS-level disposition of ``signum`` is SIG_DFL (no handler of any kind).
-
-    ``signal.getsignal`` cannot see handlers installed outside Python's ``signal`` module
-    (``faulthandler.register``, native libraries), so ask the kernel through ``sigaction``.
-    Anything unexpected counts as "not default".
-    """
-    if signal.getsignal(signum) not in (signal.SIG_DFL, None):
-        return False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        old = ctypes.create_string_buffer(512)  # larger than any platform's struct sigaction
-        if libc.sigaction(signum, None, old) != 0:
-            return False
-        # The first member of struct sigaction is the handler; SIG_DFL is 0.
-        return not ctypes.c_void_p.from_buffer(old).value
-    except Exception:
-        return False
-
-
 def install_signal_handler() -> bool:
-    """Dump the process-wide recorder on SIGUSR1 (see ``config.fr_dump_on_signal``).
-
-    The dump is written by a watcher thread woken through ``signal.set_wakeup_fd``, so it
-    happens within milliseconds even while the main thread is blocked inside a collective.
-    """
-    global _signal_installed
-    wanted = config.fr_dump_on_signal()
-    if _signal_installed or wanted is False:
-        return False
-    if threading.current_thread() is not threading.main_thread():
-        return False
-    if wanted is None and not _handler_is_default(signal.SIGUSR1):
-        return False  # auto: leave an existing handler (e.g. faulthandler's) alone
-    previous = signal.getsignal(signal.SIGUSR1)
-    r, w = os.pipe()
-    os.set_blocking(w, False)
-    old_fd = -1
-    try:
-        old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-    except (ValueError, OSError):
-        old_fd = -2
-    watcher = old_fd == -1
-    if not watcher:  # someone (asyncio) owns the wakeup fd: leave it, dump from the handler
-        if old_fd >= 0:
-            signal.set_wakeup_fd(old_fd)
-        os.close(r)
-        os.close(w)
-
-    def handler(signum: int, frame: Any) -> None:
-        if not watcher:
-            _signal_dump()
-        if callable(previous):
-            previous(signum, frame)
-
-    signal.signal(signal.SIGUSR1, handler)
-    if watcher:
-
-        def watch() -> None:
-            while True:
-                try:
-                    data = os.read(r, 64)
-                except OSError:
-                    return
-                if not data:
-                    return
-                if signal.SIGUSR1 in data:
-                    _signal_dump()
-
-        threading.Thread(target=watch, name="torchcomms-fr-signal", daemon=True).start()
-    _signal_installed = True
-    return True
+    """Dump the process-wide recorder on SIGUSR1 (``_fr_signal``; ``config.fr_dump_on_signal``)."""
+    return _fr_signal.install(_signal_dump)
 
 
 # -- the public hook -------------------------------------------------------------------------------
@@ -660,13 +440,13 @@ class FlightRecorderHook:
 
 
 def _descendants(ring: _Ring, comm: TorchComm) -> list[TorchComm]:
-    meta = _metas.get(comm)
+    meta = find_meta(comm)
     if meta is None:
         return []
     prefix = f"split:{meta.name}"
     out = []
     for child in list(ring.regs.keys()):
-        cmeta = _metas.get(child)
+        cmeta = find_meta(child)
         if cmeta is not None and cmeta.desc == prefix and child is not comm:
             out.append(child)
             out.extend(_descendants(ring, child))

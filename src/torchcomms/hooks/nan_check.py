@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
+from torchcomms import opinfo
 from torchcomms.comm import RemovableHandle, TorchComm
-from torchcomms.hooks import _opinfo
 from torchcomms.types import OpName
 
 _INPLACE = frozenset({OpName.broadcast, OpName.all_reduce, OpName.reduce})
@@ -58,7 +58,7 @@ class NanCheckHook:
             if self._check_inputs or self._check_outputs:
                 self._scan([args.tensor], "input", op, comm_name)
             return
-        ins, outs = _opinfo.inputs_outputs(op, args)
+        ins, outs = opinfo.inputs_outputs(op, args)
         if self._check_inputs:
             self._scan(ins, "input", op, comm_name)
         if self._check_outputs:

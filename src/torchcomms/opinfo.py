@@ -1,8 +1,10 @@
 """What the observability tools read off one op: its tensors' shapes and dtypes, root/peer, reduce op.
 
-Shared by the flight recorder, clog, the JSON event log and the collective check.
-Everything here runs on the issuing thread while the op's pre-hook args are alive
-(``OpRecord.args``/``call_args``), and keeps only shapes, dtypes and ints, never tensors.
+Shared by the flight recorder, clog, the JSON event log and the collective check
+(``torchcomms.hooks``).  A vocabulary module about ops: it imports only ``torch`` and
+``torchcomms.types``.  Everything here runs on the issuing thread while the op's pre-hook
+args are alive (``OpRecord.args``/``call_args``), and keeps only shapes, dtypes and ints,
+never tensors.
 """
 
 from __future__ import annotations

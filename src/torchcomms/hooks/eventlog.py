@@ -10,6 +10,11 @@ outputs; ``error`` is ``null`` or ``"<ErrorType>: <message>"``).  A
 The variable is read at each ``new_comm``; communicators created while it is unset are
 not logged.  Ranks may share one file (lines are appended whole) or use one each
 (``TORCHCOMM_LOG_JSON=/tmp/ops.$RANK.jsonl`` in a shell launcher).
+
+Threads: ``op_scheduled`` runs on the thread issuing the op, ``op_finished`` on whichever
+thread finished it (the issuing thread, the comm's executor thread for async ops, or the
+thread in ``wait()``; see ``torchcomms.oprecord``); each line is written whole under one
+lock per file.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import threading
 import time
 from typing import IO, Any
 
-from torchcomms import config
+from torchcomms import config, opinfo
 from torchcomms.comm import TorchComm, add_default_observer
 from torchcomms.oprecord import OpRecord
 from torchcomms.types import OpName
@@ -29,9 +34,7 @@ _P2P = frozenset({OpName.send, OpName.recv, OpName.batch_op_issue})
 
 
 def _nbytes(name: OpName, args: Any) -> int:
-    from torchcomms.hooks import _opinfo  # hooks imports this module at package import
-
-    ins, outs = _opinfo.inputs_outputs(name, args)
+    ins, outs = opinfo.inputs_outputs(name, args)
     tensors = ins or outs
     return sum(int(t.numel()) * t.element_size() for t in tensors if hasattr(t, "numel"))
 

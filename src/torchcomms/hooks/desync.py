@@ -6,11 +6,17 @@ through the communicator's backend directly (no op_id consumed, no hooks or obse
 fired).  If they differ, every rank raises ``CollectiveMismatchError`` naming its own and
 the differing ranks' fingerprints, instead of hanging or computing a wrong result.
 
-Scope: collectives of built-in backends with more than one rank.  Point-to-point ops are
+Scope: collectives with more than one rank, on every backend that implements
+``all_gather_single`` (built-in or plug-in, through ``TorchComm._backend``; one raising
+``BackendNotImplementedError`` is not checked).  Point-to-point ops are
 not checked (their peers differ by design); neither are the rank-dependent sizes of the
 ``*_v`` ops and ``all_to_all`` (only their dtypes).  The check costs one small all-gather
 per collective, and it drains the communicator's queued async ops first.  The variable is
 read at each ``new_comm``.
+
+Threads: ``CollectiveChecker.op_scheduled`` runs on the thread issuing the op, before the
+backend sees it; the exchange is a blocking all-gather on that thread, and a mismatch
+raises there (so the op is not run).
 """
 
 from __future__ import annotations
@@ -20,9 +26,9 @@ from typing import Any
 
 import torch
 
-from torchcomms import config
+from torchcomms import config, opinfo
 from torchcomms.comm import TorchComm, add_default_observer
-from torchcomms.errors import CollectiveMismatchError
+from torchcomms.errors import BackendNotImplementedError, CollectiveMismatchError
 from torchcomms.oprecord import OpRecord
 from torchcomms.types import OpName, OpOptions, RedOpType
 
@@ -73,8 +79,6 @@ def _key_tensor(name: OpName, a: Any) -> tuple[torch.Tensor | None, bool]:
 
 
 def fingerprint(record: OpRecord, seq: int) -> list[int]:
-    from torchcomms.hooks import _opinfo
-
     name = record.name
     fp = [-1] * _LEN
     fp[0] = _MAGIC
@@ -91,7 +95,7 @@ def fingerprint(record: OpRecord, seq: int) -> list[int]:
     root = getattr(record.args, "root", None)
     if root is not None:
         fp[10] = int(root)
-    op = _opinfo.reduce_op(record.call_args)
+    op = opinfo.reduce_op(record.call_args)
     if op is not None:
         fp[11] = _REDOPS.index(op.type)
     return fp
@@ -132,8 +136,7 @@ class CollectiveChecker:
             return
         comm = record.comm
         size = comm.get_size()
-        impl = comm.get_backend_impl()
-        if size <= 1 or not getattr(impl, "_native", False):
+        if size <= 1:
             return
         key = id(comm)
         seq = self._seqs.get(key, 0) + 1
@@ -141,9 +144,11 @@ class CollectiveChecker:
         mine = fingerprint(record, seq)
         out = torch.empty(size * _LEN, dtype=torch.int64)
         opts = OpOptions(record.timeout, {}, "check_collectives", None)
-        # Native backends take an OpOptions last (backends/base.py).
-        gather: Any = impl.all_gather_single
-        gather(out, torch.tensor(mine, dtype=torch.int64), False, opts)
+        # Straight to the backend (backends/contract.py): no op_id, hooks or observers.
+        try:
+            comm._backend.all_gather_single(out, torch.tensor(mine, dtype=torch.int64), False, opts)
+        except BackendNotImplementedError:  # a backend without all_gather_single is not checked
+            return
         rows = out.view(size, _LEN).tolist()
         rank = comm.get_rank()
         differing = [r for r, fp in enumerate(rows) if fp != mine]

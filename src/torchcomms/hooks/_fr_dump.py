@@ -1,0 +1,231 @@
+"""The flight recorder's dump format and files: PyTorch's flight-recorder layout (v2.10).
+
+What ``torchcomms.hooks.fr`` (the recorder) hands over to be written out:
+
+* ``CommMeta``: how a communicator appears in dumps (name, description, global ranks,
+  ``pg_id``), created on first sight and shared by every recorder;
+* ``Entry``: the tuple the recorder keeps per op, and ``entry_to_dict``, its dump form;
+* ``dump_document``: the whole dump (``pg_config``, ``pg_status``, ``entries`` and a
+  ``torchcomms`` section), and ``write_dump_file``: an atomic pickle to
+  ``<TORCHCOMM_FR_DUMP_TEMP_FILE><rank>``, the per-rank layout the unmodified
+  ``python -m torch.distributed.flight_recorder.fr_trace DIR`` reads.
+
+Threads: ``comm_meta`` may run on any thread (first sight of a communicator: its
+registration, first recorded op or split) and creates each ``CommMeta`` under a lock;
+everything else runs on whichever thread dumps (a caller of ``dump_json``/``dump_file``,
+the thread that finished a failed op, an aborting thread, or the SIGUSR1 watcher thread)
+and only reads what it is given.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+from torchcomms import config, opinfo
+from torchcomms.comm import TorchComm
+from torchcomms.types import OpName
+
+FR_VERSION = "2.10"
+DUMP_MARK = "flight recorder dump: "
+
+# PyTorch's analyzer only knows these op names; ours map onto them.
+_PROFILING_OP = {name: name.name for name in OpName}
+_PROFILING_OP[OpName.gather_single] = "gather"
+_PROFILING_OP[OpName.batch_op_issue] = "coalesced"
+
+
+# -- per-communicator metadata (shared by every recorder) -----------------------------------------
+class CommMeta:
+    """How a communicator appears in dumps: name, description, global ranks, pg_id."""
+
+    __slots__ = ("__weakref__", "backend", "desc", "name", "pg_id", "rank", "ranks")
+
+    def __init__(
+        self, name: str, desc: str, ranks: list[int], pg_id: int, backend: str, rank: int
+    ) -> None:
+        self.name = name
+        self.desc = desc
+        self.ranks = ranks
+        self.pg_id = pg_id
+        self.backend = backend
+        self.rank = rank  # this process's rank in the communicator
+
+    @property
+    def global_rank(self) -> int:
+        return self.ranks[self.rank] if 0 <= self.rank < len(self.ranks) else self.rank
+
+
+_metas: weakref.WeakKeyDictionary[TorchComm, CommMeta] = weakref.WeakKeyDictionary()
+_pg_ids = itertools.count()
+_meta_lock = threading.Lock()
+
+
+def comm_meta(
+    comm: TorchComm, parent: TorchComm | None = None, members: list[int] | None = None
+) -> CommMeta:
+    """The metadata of ``comm``, created on first sight (a split child maps through its parent)."""
+    meta = _metas.get(comm)
+    if meta is not None:
+        return meta
+    with _meta_lock:
+        meta = _metas.get(comm)
+        if meta is not None:
+            return meta
+        try:
+            rank, size = comm.get_rank(), comm.get_size()
+        except Exception:
+            rank, size = -1, 0
+        if parent is not None and members is not None:
+            pmeta = comm_meta(parent)
+            ranks = [pmeta.ranks[r] if r < len(pmeta.ranks) else r for r in members]
+            desc = f"split:{pmeta.name}"
+        else:
+            ranks = list(range(size))
+            desc = "default_pg"
+        meta = CommMeta(comm._safe_name(), desc, ranks, next(_pg_ids), comm.get_backend(), rank)
+        _metas[comm] = meta
+        return meta
+
+
+def find_meta(comm: TorchComm) -> CommMeta | None:
+    """The metadata of ``comm`` if it was ever recorded (never creates it)."""
+    return _metas.get(comm)
+
+
+def process_global_rank() -> int:
+    """This process's rank in the job: ``RANK``/``TORCHCOMM_RANK`` else the first comm's rank."""
+    for var in ("RANK", "TORCHCOMM_RANK"):
+        value = config.env_int(var)
+        if value is not None:
+            return value
+    for meta in list(_metas.values()):
+        return meta.global_rank
+    return 0
+
+
+# -- entries ---------------------------------------------------------------------------------------
+# An entry is a plain tuple (cheapest to build on the hot path):
+# (record, record_id, meta, collective_seq_id, p2p_seq_id, shapes, dtype, peer, thread, frames)
+# where a one-tensor op (in place, or p2p) stores its torch.Size in ``shapes`` and its dtype in
+# ``dtype``, and every other op stores ``opinfo.Shapes`` with ``dtype`` None (fewer objects).
+Entry = tuple[Any, int, CommMeta, int, int, Any, Any, int, threading.Thread, list[Any]]
+
+
+def entry_to_dict(entry: Entry) -> dict[str, Any]:
+    """One entry in PyTorch's flight-recorder format (plus ``error``)."""
+    record, record_id, meta, coll_seq, p2p_seq, shapes, dtype, peer, thread, frames = entry
+    name = record.name
+    state = record.state
+    created = record.time_created_ns
+    started = record.started_ns
+    completed = record.time_completed_ns
+    error = record.error
+    if started is None and completed is not None:
+        # Finished without a known start (an async op the backend completed inline).
+        started = created
+    op = _PROFILING_OP.get(name, name.name)
+    if name is OpName.send:
+        op = f"send {meta.rank}->{peer}"
+    elif name is OpName.recv:
+        op = f"recv {meta.rank}<-{peer}"
+    if dtype is not None:
+        ins = outs = (shapes,)
+        ind = outd = (dtype,)
+    else:
+        ins, ind, outs, outd = shapes
+    d: dict[str, Any] = {
+        "record_id": record_id,
+        "pg_id": meta.pg_id,
+        "process_group": [meta.name, meta.desc],
+        "collective_seq_id": coll_seq,
+        "p2p_seq_id": p2p_seq,
+        "op_id": record.op_id,
+        "profiling_name": f"{meta.backend}:{op}",
+        "time_created_ns": created,
+        "input_sizes": [list(s) for s in ins],
+        "input_dtypes": [opinfo.c10_dtype_name(x) for x in ind],
+        "output_sizes": [list(s) for s in outs],
+        "output_dtypes": [opinfo.c10_dtype_name(x) for x in outd],
+        "state": state,
+        "time_discovered_started_ns": started,
+        "time_discovered_completed_ns": completed,
+        "retired": completed is not None,
+        "timeout_ms": int(record.timeout.total_seconds() * 1000),
+        "is_p2p": name in opinfo.P2P_OPS,
+        "frames": frames,
+        "thread_id": str(thread.ident),
+        "thread_name": thread.name,
+        "error": None if error is None else f"{type(error).__name__}: {error}",
+    }
+    if completed is not None and started is not None:
+        d["duration_ms"] = max(completed - started, 0) / 1e6
+    return d
+
+
+# -- the dump ---------------------------------------------------------------------------------------
+def _pg_status(name: str, entries: Iterable[dict[str, Any]]) -> dict[str, int]:
+    enqueued = started = completed = -1
+    for d in entries:
+        if d["process_group"][0] != name or d["is_p2p"]:
+            continue
+        seq = d["collective_seq_id"]
+        enqueued = max(enqueued, seq)
+        if d["state"] != "scheduled":
+            started = max(started, seq)
+        if d["state"] == "completed":
+            completed = max(completed, seq)
+    return {
+        "last_enqueued_collective": enqueued,
+        "last_started_collective": started,
+        "last_completed_collective": completed,
+    }
+
+
+def dump_document(
+    entries: list[dict[str, Any]], metas: dict[str, CommMeta], reason: str = ""
+) -> dict[str, Any]:
+    """The dump of ``entries`` (``entry_to_dict`` forms) over the communicators ``metas``."""
+    pg_config = {
+        name: {"name": name, "desc": m.desc, "ranks": str(m.ranks)} for name, m in metas.items()
+    }
+    pg_status = {name: _pg_status(name, entries) for name in metas}
+    return {
+        "version": FR_VERSION,
+        "comm_lib_version": "torchcomms",
+        "pg_config": pg_config,
+        "pg_status": pg_status,
+        "entries": entries,
+        "torchcomms": {
+            "rank": process_global_rank(),
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "dump_time_ns": time.time_ns(),
+            "reason": reason,
+        },
+    }
+
+
+def dump_path(rank: int) -> str:
+    return f"{config.fr_dump_prefix()}{rank}"
+
+
+def write_dump_file(data: dict[str, Any], rank: int) -> str:
+    """Pickle ``data`` to ``<prefix><rank>`` (atomically: a temporary file, then a rename)."""
+    path = dump_path(rank)
+    data["torchcomms"]["rank"] = rank
+    directory = os.path.dirname(path)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}.{threading.get_ident()}"
+    with open(tmp, "wb") as f:
+        pickle.dump(data, f)
+    os.replace(tmp, path)
+    return path
