@@ -618,7 +618,7 @@ def _killed_mid_collective(ctx: RankContext, report_dir: str) -> None:
     big = 1 << 22  # 2048 slot-sized chunks of 2 rounds each (8 KiB slots)
     if me == 2:
         # Die while the executor thread is inside the all_reduce: a few rounds done, most not.
-        chan = ar.get_backend_impl()._shm.chan  # type: ignore[attr-defined]
+        chan = ar.get_backend_impl()._ops.chan  # type: ignore[attr-defined]
         first = chan.round
         ar.all_reduce(torch.ones(big), ReduceOp.SUM, True)
         give_up = time.monotonic() + 30

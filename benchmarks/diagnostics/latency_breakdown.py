@@ -3,8 +3,8 @@
     python benchmarks/diagnostics/latency_breakdown.py
 
 Prints the best of 5 rounds of 20,000 sync 8-byte all_reduces through: the TorchComm API,
-the gloo backend (`impl.all_reduce`), the shm adapter (`ShmOps.all_reduce`) and the one-shot
-algorithm (`ShmCollectives.all_reduce`). The differences are each layer's own cost.
+the gloo backend (`impl.all_reduce`), the transport's ops object (`ShmOps.all_reduce`) and the
+one-shot algorithm (`ShmCollectives.all_reduce`). The differences are each layer's own cost.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 
 import torchcomms
 from torchcomms import ReduceOp
+from torchcomms.deadline import Deadline
 from torchcomms.types import OpOptions
 
 
@@ -37,17 +38,17 @@ def main() -> None:
     )
     comm = torchcomms.new_comm("gloo", torch.device("cpu"), name="breakdown")
     impl = comm.get_backend_impl()
-    shm = impl._shm  # type: ignore[attr-defined]
+    shm = impl._ops  # type: ignore[attr-defined]  # the comm's ShmOps
     print("transport:", impl.transport)  # type: ignore[attr-defined]
     t = torch.ones(2)
     op = ReduceOp.SUM
     opts = OpOptions(timedelta(seconds=60), None, "all_reduce", 1)
-    end = time.monotonic() + 3600
+    deadline = Deadline(timedelta(hours=1))
     rows = [
         ("TorchComm.all_reduce", lambda: comm.all_reduce(t, op, False)),
         ("backend all_reduce", lambda: impl.all_reduce(t, op, False, opts)),
-        ("shm adapter", lambda: shm.all_reduce(t, op, end)),
-        ("one-shot algorithm", lambda: shm.coll.all_reduce(t, op, end)),
+        ("shm ops object", lambda: shm.all_reduce(t, op, deadline)),
+        ("one-shot algorithm", lambda: shm.coll.all_reduce(t, op, deadline)),
     ]
     for label, fn in rows:
         print(f"{label:22s} {best_us(fn):6.2f} us")

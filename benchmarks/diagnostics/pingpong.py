@@ -41,7 +41,7 @@ def child() -> None:
     import torchcomms
 
     comm = torchcomms.new_comm("gloo", torch.device("cpu"), name="pingpong")
-    chan = comm.get_backend_impl()._shm.chan  # type: ignore[attr-defined]
+    chan = comm.get_backend_impl()._ops.chan  # type: ignore[attr-defined]
     dozes = [0]
     doze = chan._doze
 

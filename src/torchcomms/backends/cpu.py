@@ -30,41 +30,23 @@ import torch
 import torch._C._distributed_c10d as c10d
 
 from torchcomms import bootstrap, config
-from torchcomms.backends import cpu_hier, cpu_shm
+from torchcomms.backends import cpu_errors, cpu_hier, cpu_shm
 from torchcomms.backends._host import CPU_DTYPES
 from torchcomms.backends.contract import CommBackend
 from torchcomms.backends.cpu_gloo import GlooOps
 from torchcomms.backends.cpu_ops import Completion, CpuOps
 from torchcomms.bootstrap import CommStore
 from torchcomms.deadline import Deadline
-from torchcomms.errors import (
-    CollectiveMismatchError,
-    CommError,
-    CommStateError,
-    CommTimeoutError,
-    CommValidationError,
-    PeerFailureError,
-)
+from torchcomms.errors import CommError, CommStateError, CommValidationError
 from torchcomms.executor import OpExecutor
 from torchcomms.state import CommState
 from torchcomms.transport import gloo
-from torchcomms.transport.shm_channel import ShmWaitError, ranks_text
 from torchcomms.types import CommOptions, OpOptions, P2POp, P2POpType, ReduceOp
 from torchcomms.work import AsyncWork, CompletedWork, TorchWork
 
 logger = logging.getLogger("torchcomms.backends.cpu")
 
 SUPPORTED_DTYPES = frozenset(CPU_DTYPES)
-
-_TIMEOUT_MARKERS = ("timed out", "timeout")
-_PEER_MARKERS = (
-    "connection closed by peer",
-    "connection reset",
-    "pair closure",
-    "broken pipe",
-    "connection refused",
-    "socket closed",
-)
 
 #: One op's work on a transport: runs with the op's deadline, may leave a completion.
 OpBody = Callable[[Deadline], "Completion | None"]
@@ -183,10 +165,10 @@ class TorchCommGloo(CommBackend):
         )
         flat = GlooOps(pg, self._rank, self._size, self._peers, desc)
         if mode != "tcp" and cpu_hier.wanted(self._peers) and not cpu_shm.unsupported_reason():
+            describe = f"comm={self._name}"
             return cpu_hier.connect(
-                store, flat, self._peers, options.hints, options.timeout, device,
-                f"comm={self._name}",
-            )  # fmt: skip
+                store, flat, self._peers, options.hints, options.timeout, device, describe
+            )
         return flat
 
     def _use_shm(self, mode: str) -> bool:
@@ -357,49 +339,12 @@ class TorchCommGloo(CommBackend):
     def _translate(
         self, exc: BaseException, opts: OpOptions, peers: Sequence[int] = ()
     ) -> BaseException:
-        """Turn a transport error into a typed error naming comm, op, op_id (and p2p peers).
-
-        A timeout, a broken connection, a dead peer or a mismatch is reported as the
-        communicator's failure.
-        """
-        if isinstance(exc, CommError):
-            return exc
-        if isinstance(exc, ShmWaitError):
-            return self.report_failure(self._shm_error(exc, opts))
-        if not isinstance(exc, RuntimeError):
-            return exc
-        text = str(exc).strip()
-        lowered = text.lower()
-        timed_out = any(m in lowered for m in _TIMEOUT_MARKERS)
-        if not timed_out and not any(m in lowered for m in _PEER_MARKERS):
-            return CommError(self._prefix(opts) + text)
-        dead = self._ops.dead_peers() if self._ops is not None else []
-        error: CommError
-        if dead:
-            # A dead local peer explains a broken connection or a timeout: say so, by rank.
-            error = PeerFailureError(
-                self._prefix(opts) + f"{ranks_text(dead)} died (process gone) ({text})"
-            )
-        elif timed_out:
-            waiting = f" waiting for {ranks_text(peers)}" if peers else ""
-            error = CommTimeoutError(
-                self._prefix(opts)
-                + f"timed out after {opts.timeout.total_seconds():g} s{waiting} ({text})"
-            )
-        else:
-            who = ranks_text(peers) if peers else "a peer"
-            error = PeerFailureError(self._prefix(opts) + f"{who} failed ({text})")
-        return self.report_failure(error)
-
-    def _shm_error(self, exc: ShmWaitError, opts: OpOptions) -> CommError:
-        prefix = self._prefix(opts)
-        if exc.kind == "timeout":
-            return CommTimeoutError(
-                prefix + f"timed out after {opts.timeout.total_seconds():g} s {exc}"
-            )
-        if exc.kind == "mismatch":
-            return CollectiveMismatchError(prefix + str(exc))
-        return PeerFailureError(prefix + str(exc))  # dead, peer_failed
+        """The typed error for ``exc``; a timeout, dead peer or mismatch fails the comm."""
+        dead = self._ops.dead_peers if self._ops is not None else list
+        error, failed = cpu_errors.typed_error(exc, self._prefix(opts), opts.timeout, peers, dead)
+        if failed and isinstance(error, CommError):
+            self.report_failure(error)
+        return error
 
     def _transport(self) -> CpuOps:
         ops = self._ops

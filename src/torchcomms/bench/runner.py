@@ -29,6 +29,7 @@ from torchcomms import ReduceOp, TorchComm, bootstrap, config, new_comm
 from torchcomms.bench import env as envmod
 from torchcomms.bench import memprobe, metrics, report
 from torchcomms.bench.ops import DTYPES, CaseParams, OpSpec
+from torchcomms.transport import gloo
 
 CORRUPT_ENV = "TORCHCOMM_BENCH_CORRUPT"  # test-only: damage one rank's checked output
 COMMAND_ENV = "TORCHCOMM_BENCH_COMMAND"  # the user's command line, passed on by the launcher
@@ -99,29 +100,14 @@ def _job_store(rank: int, size: int, timeout: timedelta) -> Any:
 
 
 def _gloo_baseline(store: Any, rank: int, size: int, timeout: timedelta) -> tuple[Any, str]:
-    """A raw ProcessGroupGloo on the device ours would pick (loopback when all ranks are local)."""
-    hostname, interface = config.gloo_hostname(), config.gloo_interface()
-    if hostname or interface:
-        desc = f"hostname={hostname!r} interface={interface!r}"
-        device = dist.ProcessGroupGloo.create_device(
-            hostname=hostname or "", interface=interface or ""
-        )
-    else:
-        me = bootstrap.host_identity()
-        store.set(f"host/{rank}", me)
-        keys = [f"host/{r}" for r in range(size)]
-        store.wait(keys, timeout)
-        hosts = {store.get(k).decode() for k in keys}
-        if hosts == {me}:
-            desc = "loopback: all ranks on this host"
-            device = dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")
-        else:
-            desc = f"default interface: {len(hosts)} hosts"
-            device = dist.ProcessGroupGloo.create_default_device()
-    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
-    opts._devices = [device]
-    opts._timeout = timeout
-    pg = dist.ProcessGroupGloo(dist.PrefixStore("pg", store), rank, size, opts)
+    """A raw ProcessGroupGloo on the device ours would pick (``transport.gloo``, as ours does)."""
+    me = bootstrap.host_identity()
+    store.set(f"host/{rank}", me)
+    keys = [f"host/{r}" for r in range(size)]
+    store.wait(keys, timeout)
+    hosts = [store.get(k).decode() for k in keys]
+    desc, device = gloo.choose_device({}, hosts, me)
+    pg = gloo.new_process_group(dist.PrefixStore("pg", store), rank, size, timeout, device)
     return pg, f"tcp ({desc})"
 
 

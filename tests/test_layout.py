@@ -1,0 +1,139 @@
+"""The package's shape, read from the source: no import cycles, layers in order, small modules.
+
+Every ``torchcomms`` import counts, including those under ``if TYPE_CHECKING:`` and
+inside functions: a cycle hidden in a function is still a cycle in the design.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = SRC / "torchcomms"
+MAX_LINES = 600
+
+#: Modules above ``TorchComm``: the bridge, the tools at the edge.  Nothing in ``hooks/``,
+#: ``backends/`` or ``transport/`` may import them.
+_ABOVE_COMM = (
+    "torchcomms._backend_wrapper",
+    "torchcomms._comms",
+    "torchcomms.device_mesh",
+    "torchcomms.bench",
+    "torchcomms.tools",
+    "torchcomms.objcol",
+)
+#: Layers below ``TorchComm``: they may not import ``torchcomms.comm`` or its parts.
+_BELOW_COMM = ("torchcomms.backends", "torchcomms.transport")
+_COMM = ("torchcomms.comm", "torchcomms.comm_core", "torchcomms.comm_ops")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The torchcomms modules ``name`` imports anywhere in its body."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join([*base, node.module] if node.module else base)
+            else:
+                mod = node.module or ""
+            # ``from torchcomms import config`` imports the module config (the package is
+            # already initialising); ``from torchcomms import new_comm`` needs the package.
+            subs = [f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in known]
+            out.update(subs)
+            if len(subs) < len(node.names):
+                out.add(mod)
+    return {m for m in out if m in known and m != name}
+
+
+def _graph() -> dict[str, set[str]]:
+    known = _modules()
+    return {name: _imports(name, path, known) for name, path in known.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _under(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def test_no_import_cycles() -> None:
+    graph = _graph()
+    assert "torchcomms.comm" in graph and "torchcomms.backends.cpu" in graph
+    assert _cycles(graph) == []
+
+
+def test_a_package_is_not_a_cycle_with_its_own_modules() -> None:
+    # The checker itself: a package __init__ importing its submodule is not a cycle unless
+    # the submodule imports the package back.
+    graph = {"p": {"p.a"}, "p.a": set(), "q": {"q.b"}, "q.b": {"q"}}
+    assert _cycles(graph) == [["q", "q.b"]]
+
+
+def test_layers_import_downwards_only() -> None:
+    graph = _graph()
+    wrong = []
+    for module, imported in sorted(graph.items()):
+        below_hooks = _under(module, ("torchcomms.hooks",))
+        below_comm = _under(module, _BELOW_COMM)
+        for target in sorted(imported):
+            if (below_hooks or below_comm) and _under(target, _ABOVE_COMM):
+                wrong.append(f"{module} -> {target}")
+            if below_comm and _under(target, (*_COMM, "torchcomms.hooks")):
+                wrong.append(f"{module} -> {target}")
+    assert wrong == []
+
+
+def test_no_module_over_the_size_limit() -> None:
+    sizes = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
+    assert {n: s for n, s in sizes.items() if s > MAX_LINES} == {}
