@@ -25,8 +25,9 @@ def main() -> None:
     work.wait()
     assert torch.equal(out, torch.arange(size).repeat_interleave(4).float()), out
 
-    # A sub-communicator of the first two ranks; the others pass [] and get None.
-    pair = comm.split([0, 1] if rank < 2 else [], "pair")
+    # A sub-communicator of the first two ranks (or the only one); the others pass [] and get None.
+    first_two = list(range(min(size, 2)))
+    pair = comm.split(first_two if rank in first_two else [], "pair")
     if pair is not None:
         x = torch.ones(8)
         pair.all_reduce(x, ReduceOp.SUM, async_op=False)
