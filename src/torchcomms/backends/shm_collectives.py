@@ -17,6 +17,15 @@ reads, and copies or reduces straight from the peers' slots with torch kernels:
 All tensors handed in are contiguous CPU tensors (the backend stages others).  The
 first round of every op carries a fingerprint of (op, dtype, sizes, root): a member that
 called something else raises instead of reading stale bytes.
+
+Every round goes through the channel's round API (``shm_channel``): a rank that writes
+takes ``k = chan.begin(deadline)``, fills its slot, then ``chan.exchange`` (publish, wait
+for every rank, check the fingerprint) or ``publish`` alone, reads, and ``chan.finish(k)``;
+a rank that only reads takes ``chan.next_round()`` and ``wait_rank``/``wait_all``.  The
+one-shot all_reduce (the small-message latency path) uses ``begin``/``finish`` too but
+inlines publishing and the fast checks of the arrival wait and fingerprints.  Every wait
+is bounded by the op's ``Deadline``.  The methods run on the thread that runs the op (the
+communicator's executor, or the caller's for a sync op), one op at a time.
 """
 
 from __future__ import annotations
@@ -26,7 +35,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from torchcomms.backends._host import CPU_DTYPES
-from torchcomms.transport.shm_channel import META0, ShmChannel
+from torchcomms.deadline import Deadline
+from torchcomms.transport.shm_channel import ShmChannel
 from torchcomms.types import RedOpType, ReduceOp
 
 # Stable across processes: the fingerprint must not depend on hash randomisation.
@@ -47,8 +57,10 @@ _DTYPE_CODES = {dt: i for i, dt in enumerate(CPU_DTYPES)}
     _BARRIER,
 ) = range(1, 13)
 
-# A one-shot all_reduce's fingerprint, own slot per parity and all-rank rows per parity.
-_Plan = tuple[int, tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+# A one-shot all_reduce's fingerprint, own slot per parity, all-rank rows per parity, and
+# whether it pre-multiplies / reduces with a plain torch.sum (decided once per shape).
+_Pair = tuple[torch.Tensor, torch.Tensor]
+_Plan = tuple[int, _Pair, _Pair, bool, bool]
 
 _ANY = (RedOpType.SUM, RedOpType.MAX, RedOpType.BOR, RedOpType.AVG, RedOpType.PREMUL_SUM)
 _ALL = (RedOpType.PRODUCT, RedOpType.MIN, RedOpType.BAND)
@@ -141,7 +153,7 @@ class ShmCollectives:
         self._oneshot_plans: dict[tuple[object, ...], _Plan | bool] = {}
 
     # -- reductions --------------------------------------------------------------------------
-    def all_reduce(self, flat: torch.Tensor, op: ReduceOp, deadline: float) -> None:
+    def all_reduce(self, flat: torch.Tensor, op: ReduceOp, deadline: Deadline) -> None:
         """In place on ``flat`` (AVG is finished by the caller)."""
         chan = self.chan
         n = flat.numel()
@@ -175,10 +187,13 @@ class ShmCollectives:
         chan = self.chan
         plan: _Plan | bool = False
         if n * dtype.itemsize <= self.oneshot_max and n <= chan.slot_capacity(dtype):
+            t = op.type
             plan = (
-                fingerprint(_ALL_REDUCE, dtype, n, op.type.value),
+                fingerprint(_ALL_REDUCE, dtype, n, t.value),
                 (chan.slot(self.rank, 0, dtype, n), chan.slot(self.rank, 1, dtype, n)),
                 (chan.rows(0, dtype, n), chan.rows(1, dtype, n)),
+                t is RedOpType.PREMUL_SUM,
+                t is RedOpType.SUM and dtype is not torch.bool,
             )
         if len(self._oneshot_plans) > 256:
             self._oneshot_plans.clear()
@@ -190,27 +205,25 @@ class ShmCollectives:
         flat: torch.Tensor,
         op: ReduceOp,
         plan: _Plan | bool,
-        deadline: float,
+        deadline: Deadline,
         whole_fp: int | None = None,
     ) -> None:
-        """One round, flags touched inline: the small-message latency path.
+        """One round: the small-message latency path.
 
-        ``whole_fp``: the fingerprint of the whole op when ``flat`` is one chunk of it.
+        ``begin`` and ``finish`` as everywhere; publishing, the arrival wait and the
+        fingerprint check are inlined as fast checks that call into the channel only when
+        something is missing or wrong.  ``whole_fp``: the fingerprint of the whole op when
+        ``flat`` is one chunk of it.
         """
         assert plan is not False and plan is not True
-        fp, slots, rows = plan
+        fp, slots, rows, premul, plain_sum = plan
         if whole_fp is not None:
             fp = whole_fp
         chan = self.chan
         flags = chan.flags
-        k = chan.round + 1
+        k = chan.begin(deadline)
         p = k & 1
-        if k > 2:
-            for i in chan.peer_cons:
-                if flags[i] < k - 2:
-                    chan.acquire(k, deadline)
-                    break
-        if op.type is RedOpType.PREMUL_SUM:
+        if premul:
             torch.mul(flat, op.factor_value(), out=slots[p])
         else:
             slots[p].copy_(flat)
@@ -224,28 +237,24 @@ class ShmCollectives:
         for i in chan.all_meta[p]:
             if flags[i] != fp:
                 chan.check_fingerprints(k, fp, "all_reduce")
-        if op.type is RedOpType.SUM and flat.dtype is not torch.bool:
+        if plain_sum:
             torch.sum(rows[p], 0, dtype=flat.dtype, out=flat)
         else:
             reduce_rows(rows[p], flat, op)
-        flags[chan.cons_index] = k
-        chan.round = k
-        chan.ring()
+        chan.finish(k)
 
-    def reduce(self, flat: torch.Tensor, root: int, op: ReduceOp, deadline: float) -> None:
+    def reduce(self, flat: torch.Tensor, root: int, op: ReduceOp, deadline: Deadline) -> None:
         """In place on the root's ``flat``; other ranks' tensors are left as they were."""
         chan = self.chan
         n = flat.numel()
         dtype = flat.dtype
         fp = fingerprint(_REDUCE, dtype, n, op.type.value, root)
         if n * dtype.itemsize <= self.oneshot_max and n <= chan.slot_capacity(dtype):
-            k = chan.round + 1
-            chan.acquire(k, deadline)
+            k = chan.begin(deadline)
             _store(chan.slot(self.rank, k, dtype, n), flat, op)
             chan.publish(k, fp)
             if self.rank == root:
-                chan.wait_all(k, deadline)
-                chan.check_fingerprints(k, fp, "reduce")
+                chan.wait_all(k, deadline, fp, "reduce")
                 reduce_rows(chan.rows(k, dtype, n), flat, op)
             chan.finish(k)
             return
@@ -255,7 +264,7 @@ class ShmCollectives:
             self._reduce_scatter_gather(chunk, op, fp if start == 0 else None, deadline, root)
 
     def _pair_reduce_exchange(
-        self, chunk: torch.Tensor, op: ReduceOp, fp: int | None, deadline: float
+        self, chunk: torch.Tensor, op: ReduceOp, fp: int | None, deadline: Deadline
     ) -> bool:
         """all_reduce of one chunk between exactly two ranks, with the least copying.
 
@@ -274,22 +283,17 @@ class ShmCollectives:
         shard = -(-c // 2)
         lo, hi = _bounds(me, shard, c)
         a, b = _bounds(other, shard, c)
-        k = chan.round + 1
-        chan.acquire(k, deadline)
+        k = chan.begin(deadline)
         if b > a:
             chan.slot(me, k, dtype, b - a, at=a).copy_(chunk[a:b])
-        chan.publish(k, fp)
-        chan.wait_all(k, deadline)
-        if fp is not None:
-            chan.check_fingerprints(k, fp, "all_reduce")
+        chan.exchange(k, deadline, fp, "all_reduce")
         mine = chunk[lo:hi]
         if hi > lo:
             fn(mine, chan.slot(other, k, dtype, hi - lo, at=lo), out=mine)
             chan.slot(me, k + 1, dtype, hi - lo).copy_(mine)
         chan.finish(k)
-        k += 1
-        chan.publish(k)
-        chan.wait_all(k, deadline)
+        k = chan.next_round()  # its slot is free: the peer finished k - 1 before publishing k
+        chan.exchange(k, deadline)
         if b > a:
             chunk[a:b].copy_(chan.slot(other, k, dtype, b - a))
         chan.finish(k)
@@ -300,7 +304,7 @@ class ShmCollectives:
         chunk: torch.Tensor,
         op: ReduceOp,
         fp: int | None,
-        deadline: float,
+        deadline: Deadline,
         root: int | None,
     ) -> None:
         """Two rounds on one slot-sized chunk: shard reduction, then (all-)gather of shards."""
@@ -310,20 +314,16 @@ class ShmCollectives:
         c = chunk.numel()
         shard = -(-c // size)
         lo, hi = _bounds(me, shard, c)
-        k = chan.round + 1
-        chan.acquire(k, deadline)
+        k = chan.begin(deadline)
         _store(chan.slot(me, k, dtype, c), chunk, op)
-        chan.publish(k, fp)
-        chan.wait_all(k, deadline)
-        if fp is not None:
-            chan.check_fingerprints(k, fp, "all_reduce" if root is None else "reduce")
+        chan.exchange(k, deadline, fp, "all_reduce" if root is None else "reduce")
         # Readers of round k + 1's slot finished round k - 1 before publishing round k.
         if hi > lo:
             reduce_rows(
                 chan.rows(k, dtype, hi - lo, at=lo), chan.slot(me, k + 1, dtype, hi - lo), op
             )
         chan.finish(k)
-        k += 1
+        k = chan.next_round()  # its slot was written above (see the comment there)
         chan.publish(k)
         if root is None or me == root:
             chan.wait_all(k, deadline)
@@ -337,7 +337,7 @@ class ShmCollectives:
         chan.finish(k)
 
     def reduce_scatter(
-        self, out: torch.Tensor, inputs: torch.Tensor, op: ReduceOp, deadline: float
+        self, out: torch.Tensor, inputs: torch.Tensor, op: ReduceOp, deadline: Deadline
     ) -> None:
         """``inputs`` is [size, n] (row r goes to rank r); ``out`` is [n]."""
         chan = self.chan
@@ -349,15 +349,11 @@ class ShmCollectives:
         stride = chan.layout.slot_bytes // dtype.itemsize
         for start in range(0, n, per):
             c = min(per, n - start)
-            k = chan.round + 1
-            chan.acquire(k, deadline)
+            k = chan.begin(deadline)
             base = chan.layout.slot_offset(k & 1, 0)
             mine = chan.view(base + me * chan.layout.slot_bytes, dtype, (size, c), (c, 1))
             _store(mine, inputs[:, start : start + c], op)
-            chan.publish(k, fp if start == 0 else None)
-            chan.wait_all(k, deadline)
-            if start == 0:
-                chan.check_fingerprints(k, fp, "reduce_scatter")
+            chan.exchange(k, deadline, fp if start == 0 else None, "reduce_scatter")
             rows = chan.view(base + me * c * dtype.itemsize, dtype, (size, c), (stride, 1))
             reduce_rows(rows, out[start : start + c], op)
             chan.finish(k)
@@ -367,7 +363,7 @@ class ShmCollectives:
         out: torch.Tensor,
         inputs: Sequence[torch.Tensor],
         op: ReduceOp,
-        deadline: float,
+        deadline: Deadline,
     ) -> None:
         """Flat ``inputs[r]`` goes to rank r; sizes may differ per rank (all ranks know them)."""
         chan = self.chan
@@ -378,18 +374,14 @@ class ShmCollectives:
         per = max(chan.slot_capacity(dtype) // size, 1)
         stride = chan.layout.slot_bytes // dtype.itemsize
         for start in range(0, max(sizes, default=0), per):
-            k = chan.round + 1
-            chan.acquire(k, deadline)
+            k = chan.begin(deadline)
             base = chan.layout.slot_offset(k & 1, 0)
             for r, t in enumerate(inputs):
                 c = min(per, sizes[r] - start)
                 if c > 0:
                     at = base + (me * stride + r * per) * dtype.itemsize
                     _store(chan.view(at, dtype, (c,), (1,)), t[start : start + c], op)
-            chan.publish(k, fp if start == 0 else None)
-            chan.wait_all(k, deadline)
-            if start == 0:
-                chan.check_fingerprints(k, fp, "reduce_scatter_v")
+            chan.exchange(k, deadline, fp if start == 0 else None, "reduce_scatter_v")
             c = min(per, sizes[me] - start)
             if c > 0:
                 rows = chan.view(base + me * per * dtype.itemsize, dtype, (size, c), (stride, 1))
@@ -397,7 +389,7 @@ class ShmCollectives:
             chan.finish(k)
 
     # -- one to all, all to one ------------------------------------------------------------
-    def broadcast(self, flat: torch.Tensor, root: int, deadline: float) -> None:
+    def broadcast(self, flat: torch.Tensor, root: int, deadline: Deadline) -> None:
         chan = self.chan
         n = flat.numel()
         dtype = flat.dtype
@@ -405,20 +397,18 @@ class ShmCollectives:
         cap = chan.slot_capacity(dtype)
         for start in range(0, n, cap):
             c = min(cap, n - start)
-            k = chan.round + 1
             if self.rank == root:
-                chan.acquire(k, deadline)
+                k = chan.begin(deadline)
                 chan.slot(root, k, dtype, c).copy_(flat[start : start + c])
                 chan.publish(k, fp)
             else:
-                chan.wait_rank(k, root, deadline)
-                if start == 0:
-                    chan.check_fingerprints(k, fp, "broadcast", (root,))
+                k = chan.next_round()
+                chan.wait_rank(k, root, deadline, fp if start == 0 else None, "broadcast")
                 flat[start : start + c].copy_(chan.slot(root, k, dtype, c))
             chan.finish(k)
 
     def scatter(
-        self, out: torch.Tensor, inputs: Sequence[torch.Tensor], root: int, deadline: float
+        self, out: torch.Tensor, inputs: Sequence[torch.Tensor], root: int, deadline: Deadline
     ) -> None:
         """``inputs`` (flat, root only) row r goes to rank r's ``out``."""
         chan = self.chan
@@ -429,23 +419,21 @@ class ShmCollectives:
         per = max(chan.slot_capacity(dtype) // size, 1)
         for start in range(0, n, per):
             c = min(per, n - start)
-            k = chan.round + 1
             if me == root:
-                chan.acquire(k, deadline)
+                k = chan.begin(deadline)
                 for r, t in enumerate(inputs):
                     if r != me:
                         chan.slot(root, k, dtype, c, at=r * per).copy_(t[start : start + c])
                 chan.publish(k, fp)
                 out[start : start + c].copy_(inputs[me][start : start + c])
             else:
-                chan.wait_rank(k, root, deadline)
-                if start == 0:
-                    chan.check_fingerprints(k, fp, "scatter", (root,))
+                k = chan.next_round()
+                chan.wait_rank(k, root, deadline, fp if start == 0 else None, "scatter")
                 out[start : start + c].copy_(chan.slot(root, k, dtype, c, at=me * per))
             chan.finish(k)
 
     def gather(
-        self, outs: Sequence[torch.Tensor], inp: torch.Tensor, root: int, deadline: float
+        self, outs: Sequence[torch.Tensor], inp: torch.Tensor, root: int, deadline: Deadline
     ) -> None:
         """Rank r's flat ``inp`` lands in the root's flat ``outs[r]``."""
         chan = self.chan
@@ -456,24 +444,19 @@ class ShmCollectives:
         cap = chan.slot_capacity(dtype)
         for start in range(0, n, cap):
             c = min(cap, n - start)
-            k = chan.round + 1
+            k = chan.begin(deadline)
             if me != root:
-                chan.acquire(k, deadline)
                 chan.slot(me, k, dtype, c).copy_(inp[start : start + c])
                 chan.publish(k, fp if start == 0 else None)
             else:
-                chan.acquire(k, deadline)
-                chan.publish(k, fp if start == 0 else None)
-                chan.wait_all(k, deadline)
-                if start == 0:
-                    chan.check_fingerprints(k, fp, "gather")
+                chan.exchange(k, deadline, fp if start == 0 else None, "gather")
                 for r, o in enumerate(outs):
                     src = inp[start : start + c] if r == me else chan.slot(r, k, dtype, c)
                     o[start : start + c].copy_(src)
             chan.finish(k)
 
     # -- all to all --------------------------------------------------------------------------
-    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, deadline: float) -> None:
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, deadline: Deadline) -> None:
         """``out`` is [size, n]; row r receives rank r's flat ``inp``."""
         chan = self.chan
         n = inp.numel()
@@ -482,18 +465,14 @@ class ShmCollectives:
         cap = chan.slot_capacity(dtype)
         for start in range(0, n, cap):
             c = min(cap, n - start)
-            k = chan.round + 1
-            chan.acquire(k, deadline)
+            k = chan.begin(deadline)
             chan.slot(self.rank, k, dtype, c).copy_(inp[start : start + c])
-            chan.publish(k, fp if start == 0 else None)
-            chan.wait_all(k, deadline)
-            if start == 0:
-                chan.check_fingerprints(k, fp, "all_gather")
+            chan.exchange(k, deadline, fp if start == 0 else None, "all_gather")
             out[:, start : start + c].copy_(chan.rows(k, dtype, c))
             chan.finish(k)
 
     def all_gather_v(
-        self, outs: Sequence[torch.Tensor], inp: torch.Tensor, deadline: float
+        self, outs: Sequence[torch.Tensor], inp: torch.Tensor, deadline: Deadline
     ) -> None:
         """Flat ``outs[r]`` receives rank r's flat ``inp`` (sizes may differ per rank)."""
         chan = self.chan
@@ -503,15 +482,11 @@ class ShmCollectives:
         fp = fingerprint(_ALL_GATHER_V, dtype, *sizes)
         cap = chan.slot_capacity(dtype)
         for start in range(0, max(sizes, default=0), cap):
-            k = chan.round + 1
-            chan.acquire(k, deadline)
+            k = chan.begin(deadline)
             c = min(cap, sizes[me] - start)
             if c > 0:
                 chan.slot(me, k, dtype, c).copy_(inp[start : start + c])
-            chan.publish(k, fp if start == 0 else None)
-            chan.wait_all(k, deadline)
-            if start == 0:
-                chan.check_fingerprints(k, fp, "all_gather_v")
+            chan.exchange(k, deadline, fp if start == 0 else None, "all_gather_v")
             for r, o in enumerate(outs):
                 c = min(cap, sizes[r] - start)
                 if c > 0:
@@ -524,7 +499,7 @@ class ShmCollectives:
         inp: torch.Tensor,
         out_splits: Sequence[int],
         in_splits: Sequence[int],
-        deadline: float,
+        deadline: Deadline,
     ) -> None:
         """Flat tensors; element counts per peer (``in_splits[r]`` of ``inp`` go to rank r)."""
         chan = self.chan
@@ -540,16 +515,12 @@ class ShmCollectives:
             src2d, dst2d = inp.view(size, n), out.view(size, n)
             for start in range(0, n, per):
                 c = min(per, n - start)
-                k = chan.round + 1
-                chan.acquire(k, deadline)
+                k = chan.begin(deadline)
                 base = chan.layout.slot_offset(k & 1, 0)
                 chan.view(base + me * stride * item, dtype, (size, c), (per, 1)).copy_(
                     src2d[:, start : start + c]
                 )
-                chan.publish(k, fp if start == 0 else None)
-                chan.wait_all(k, deadline)
-                if start == 0:
-                    chan.check_fingerprints(k, fp, "all_to_all")
+                chan.exchange(k, deadline, fp if start == 0 else None, "all_to_all")
                 dst2d[:, start : start + c].copy_(
                     chan.view(base + me * per * item, dtype, (size, c), (stride, 1))
                 )
@@ -562,8 +533,7 @@ class ShmCollectives:
         rounds = 1
         start = 0
         while True:
-            k = chan.round + 1
-            chan.acquire(k, deadline)
+            k = chan.begin(deadline)
             base = chan.layout.slot_offset(k & 1, 0)
             for r in range(size):
                 c = min(per, in_splits[r] - start)
@@ -572,15 +542,12 @@ class ShmCollectives:
                     chan.view(at, dtype, (c,), (1,)).copy_(
                         inp[in_offs[r] + start : in_offs[r] + start + c]
                     )
-            if start == 0:
-                chan.flags[chan.layout.rank_flag(me, META0 + (k & 1)) + 1] = needed
-            chan.publish(k, fp if start == 0 else None)
-            chan.wait_all(k, deadline)
-            if start == 0:
-                chan.check_fingerprints(k, fp, "all_to_all")
-                rounds = max(
-                    chan.flags[chan.layout.rank_flag(r, META0 + (k & 1)) + 1] for r in range(size)
-                )
+            first = start == 0
+            # The first round also carries how many rounds this rank needs; all run the most.
+            chan.publish(k, fp if first else None, needed if first else None)
+            chan.wait_all(k, deadline, fp if first else None, "all_to_all")
+            if first:
+                rounds = max(chan.count_of(k, r) for r in range(size))
             for r in range(size):
                 c = min(per, out_splits[r] - start)
                 if c > 0:
@@ -594,14 +561,11 @@ class ShmCollectives:
             if rounds <= 0:
                 return
 
-    def barrier(self, deadline: float) -> None:
+    def barrier(self, deadline: Deadline) -> None:
         chan = self.chan
         fp = fingerprint(_BARRIER, None)
-        k = chan.round + 1
-        chan.acquire(k, deadline)
-        chan.publish(k, fp)
-        chan.wait_all(k, deadline)
-        chan.check_fingerprints(k, fp, "barrier")
+        k = chan.begin(deadline)
+        chan.exchange(k, deadline, fp, "barrier")
         chan.finish(k)
 
 

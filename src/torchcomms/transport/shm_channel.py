@@ -11,14 +11,42 @@ One segment per communicator holds, for every member rank:
   writing round ``k`` a rank waits until every peer has consumed round ``k - 2``;
 * point-to-point rings per ordered pair (see ``shm_p2p``).
 
+The round API (every collective is a sequence of rounds, numbered over the channel's
+lifetime; ``shm_collectives`` runs them)::
+
+    k = chan.begin(deadline)       # next round; waits until its slot parity is free
+    ...write own slot for round k...
+    chan.exchange(k, deadline, fp, "all_gather")  # publish, wait for all, check fp
+    ...read the peers' slots for round k...
+    chan.finish(k)                 # CONSUMED = k; the channel is now at round k
+
+``begin`` is for a rank that writes its slot or meta line in the round; a rank that only
+reads takes ``next_round()`` and waits with ``wait_rank``/``wait_all``.  ``publish``,
+``wait_all``, ``wait_rank`` and ``check_fingerprints`` are the steps ``exchange``
+bundles; a fingerprint passed to a wait is checked once the wait is over (``None``:
+unchecked, as in every round after an op's first).  A round that fails (a raised
+``ShmWaitError``) is not finished: the communicator is unusable afterwards anyway.
+
 Ordering relies on x86-64's total store order: data is written (by torch kernels, in
 separate calls) before the flag store that publishes it, and readers load the flag
 before the data.  The backend only selects this transport on x86-64.
 
-Waiting (``_wait``) spins briefly when every rank has a core, then yields, then sleeps
-with backoff; more ranks than cores skip the spin.  Every wait checks the deadline, this
-process's abort flag, the peers' ``STATE`` and, every few milliseconds, whether the
-peers' processes are alive, and raises ``ShmWaitError`` naming the ranks it waited for.
+Waiting has one loop (``_until``), used by flag waits (``_wait``: until given flags
+reach a round) and by ``poll`` (until a predicate holds: the p2p engine's waits).  It
+spins briefly when every rank has a core, then yields for ``WaitPolicy.yield_s``, then
+blocks on this rank's futex doorbell (which a peer rings after writing a flag) for at
+most ``WaitPolicy.DOZE_S`` at a time, or sleeps with backoff where futexes are missing;
+more ranks than cores skip the spin.  From ``_FIRST_CHECK_S`` on, and then every
+``_LIVENESS_PERIOD_S``, it checks the deadline, the peers' ``STATE`` and whether the
+peers' processes are alive, and raises ``ShmWaitError`` naming the ranks still waited
+for, unless what it waited for arrived meanwhile (a peer that delivered, then left, is
+not an error).  A flag wait with nothing to wait for returns without allocating.
+
+Threads: a communicator runs one op at a time (on its executor thread, or inline on the
+caller's thread for a sync op), so rounds never interleave.  While a collective waits
+past its spin phase it calls ``idle`` (the p2p engine's progress, which takes the p2p
+lock only if free), so a receive completed on another thread never stalls behind it.
+``set_state`` may be called from any thread (failure and abort paths).
 """
 
 from __future__ import annotations
@@ -33,6 +61,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from torchcomms import config
+from torchcomms.deadline import Deadline
 from torchcomms.transport import futex, shm_segment
 
 logger = logging.getLogger("torchcomms.transport.shm")
@@ -226,45 +255,80 @@ class ShmChannel:
     def slot_capacity(self, dtype: torch.dtype) -> int:
         return self.layout.slot_bytes // dtype.itemsize
 
-    # -- round protocol --------------------------------------------------------------------
-    def acquire(self, k: int, deadline: float) -> None:
+    # -- round protocol (see the module docstring) -----------------------------------------
+    def next_round(self) -> int:
+        """The round this rank runs next, for a rank that only reads in it (nothing awaited)."""
+        return self.round + 1
+
+    def begin(self, deadline: Deadline) -> int:
+        """Start the next round ``k`` as a writer: wait until its slot parity is free."""
+        k = self.round + 1
+        if k > 2:
+            flags = self.flags
+            for i in self.peer_cons:  # the common case: free already, one call, no allocation
+                if flags[i] < k - 2:
+                    self.acquire(k, deadline)
+                    break
+        return k
+
+    def acquire(self, k: int, deadline: Deadline) -> None:
         """Before writing round ``k`` (slot or meta): wait until its last readers are done."""
         if k > 2:
             self._wait(self.peer_cons, self._peers, k - 2, deadline, "to release a slot")
 
-    def publish(self, k: int, fingerprint: int | None = None) -> None:
+    def publish(self, k: int, fingerprint: int | None = None, count: int | None = None) -> None:
+        """Announce round ``k`` once this rank's slot holds its data.
+
+        ``fingerprint`` and ``count`` (a number every peer reads with ``count_of``) go to
+        the round's meta line first; ``None`` leaves that word as it was.
+        """
+        flags = self.flags
+        meta = self.my_meta[k & 1]
+        if count is not None:
+            flags[meta + 1] = count
         if fingerprint is not None:
-            self.flags[self.layout.rank_flag(self.rank, META0 + (k & 1))] = fingerprint
-        self.flags[self.pub_index] = k
+            flags[meta] = fingerprint
+        flags[self.pub_index] = k
         self.ring()
+
+    def count_of(self, k: int, rank: int) -> int:
+        """The ``count`` that ``rank`` published with round ``k`` (after waiting for it)."""
+        return self.flags[self.all_meta[k & 1][rank] + 1]
 
     def ring(self) -> None:
         """After writing a flag: wake the peers that went to sleep waiting for one."""
         flags = self.flags
-        _full_fence()  # our flag store must be visible before we read the peers' "asleep"
+        # Our flag store must be visible before we read the peers' "asleep": _full_fence,
+        # inlined (this runs twice per round of the latency path).
+        _fence_lock.acquire()
+        _fence_lock.release()
         for asleep, bell in self._peer_bells:
             if flags[asleep]:
                 flags[bell] += 1
                 futex.wake(self._base + bell * 8)
 
-    def _doze(self, ready: Callable[[], bool], timeout_s: float) -> None:
-        """Block until a peer rings this rank's doorbell (or ``timeout_s``), unless ``ready()``."""
-        flags = self.flags
-        seen = flags[self._bell]
-        flags[self._asleep] = 1
-        _full_fence()  # "asleep" must be visible before ready() reads the peers' flags
-        try:
-            if not ready():  # re-check after announcing the sleep: a ring may have been missed
-                futex.wait(self._base + self._bell * 8, seen, timeout_s)
-        finally:
-            flags[self._asleep] = 0
-
-    def wait_all(self, k: int, deadline: float) -> None:
-        """Wait until every rank has published round ``k``."""
+    def wait_all(
+        self, k: int, deadline: Deadline, fingerprint: int | None = None, what: str = ""
+    ) -> None:
+        """Wait until every rank has published round ``k``; then check ``fingerprint``."""
         self._wait(self.all_pub, range(self.size), k, deadline, "to arrive")
+        if fingerprint is not None:
+            self.check_fingerprints(k, fingerprint, what)
 
-    def wait_rank(self, k: int, rank: int, deadline: float) -> None:
+    def wait_rank(
+        self, k: int, rank: int, deadline: Deadline, fingerprint: int | None = None, what: str = ""
+    ) -> None:
+        """Wait until ``rank`` has published round ``k``; then check its ``fingerprint``."""
         self._wait([self.all_pub[rank]], [rank], k, deadline, "to arrive")
+        if fingerprint is not None:
+            self.check_fingerprints(k, fingerprint, what, (rank,))
+
+    def exchange(
+        self, k: int, deadline: Deadline, fingerprint: int | None = None, what: str = ""
+    ) -> None:
+        """``publish`` round ``k``, then ``wait_all`` for it (checking ``fingerprint``)."""
+        self.publish(k, fingerprint)
+        self.wait_all(k, deadline, fingerprint, what)
 
     def check_fingerprints(
         self, k: int, mine: int, what: str, ranks: Sequence[int] | None = None
@@ -291,9 +355,17 @@ class ShmChannel:
             )
 
     def finish(self, k: int) -> None:
-        self.flags[self.cons_index] = k
+        """After reading round ``k``: say so (its slots may be rewritten in round ``k + 2``)."""
+        flags = self.flags
+        flags[self.cons_index] = k
         self.round = k
-        self.ring()
+        # ring(), inlined: this ends every round of the latency path.
+        _fence_lock.acquire()
+        _fence_lock.release()
+        for asleep, bell in self._peer_bells:
+            if flags[asleep]:
+                flags[bell] += 1
+                futex.wake(self._base + bell * 8)
 
     def set_state(self, state: int) -> None:
         if self._mm is not None:
@@ -306,10 +378,10 @@ class ShmChannel:
         indices: Sequence[int],
         ranks: Sequence[int],
         value: int,
-        deadline: float,
+        deadline: Deadline,
         what: str,
     ) -> None:
-        """Wait until ``flags[i] >= value`` for every index (see the module docstring)."""
+        """Wait until ``flags[i] >= value`` for every index (``ranks[j]`` owns ``indices[j]``)."""
         flags = self.flags
         for i in indices:  # the common case: nothing to wait for, no allocation
             if flags[i] < value:
@@ -317,88 +389,93 @@ class ShmChannel:
         else:
             return
         pending = [(i, r) for i, r in zip(indices, ranks, strict=False) if flags[i] < value]
-        if not pending:
+
+        def ready() -> bool:
+            pending[:] = [p for p in pending if flags[p[0]] < value]
+            return not pending
+
+        self._until(ready, lambda: pending, value, deadline, what, self.idle)
+
+    def poll(
+        self,
+        ready: Callable[[], bool],
+        ranks: Callable[[], Sequence[int]],
+        deadline: Deadline,
+        what: str,
+    ) -> None:
+        """Wait until ``ready()``, with the same loop and checks as flag waits.
+
+        ``ranks()`` names the peers still waited for (for liveness checks and errors); a
+        peer's failed state counts whatever its flags say.  ``idle`` is not called:
+        ``ready`` makes its own progress.
+        """
+        if ready():
             return
+        self._until(ready, lambda: [(-1, r) for r in ranks()], 1, deadline, what, None)
+
+    def _until(
+        self,
+        ready: Callable[[], bool],
+        waiting: Callable[[], list[tuple[int, int]]],
+        value: int,
+        deadline: Deadline,
+        what: str,
+        idle: Callable[[], None] | None,
+    ) -> None:
+        """The one wait loop: until ``ready()`` (policy and checks: the module docstring).
+
+        ``waiting()`` lists the ``(flag index, rank)`` pairs still pending, for the checks
+        (index -1: no flag; the flag counts once ``>= value``); ``idle`` runs every pass
+        after the spin phase.
+        """
         policy = self.policy
         spins = policy.spins
         while spins > 0:
             spins -= 1
-            pending = [p for p in pending if flags[p[0]] < value]
-            if not pending:
+            if ready():
                 return
         now = time.monotonic()
         yield_until = now + policy.yield_s
         next_check = now + _FIRST_CHECK_S
         sleep_s = 0.00002
         sched_yield = os.sched_yield
-        idle = self.idle
-        while True:
-            pending = [p for p in pending if flags[p[0]] < value]
-            if not pending:
-                return
+        while not ready():
             if idle is not None:
                 idle()
             now = time.monotonic()
             if now >= next_check:
-                self._check_waiting(pending, value, deadline, now, what)
-                next_check = now + _LIVENESS_PERIOD_S
-            if now < yield_until:
-                sched_yield()
-            elif futex.AVAILABLE:
-                waiting = [i for i, _ in pending]
-                self._doze(
-                    lambda waiting=waiting: all(flags[i] >= value for i in waiting),  # type: ignore[misc]
-                    min(WaitPolicy.DOZE_S, max(next_check - now, 0.0) + 1e-4),
-                )
-            else:
-                time.sleep(sleep_s)
-                sleep_s = min(sleep_s * 2, policy.sleep_max_s)
-
-    def poll(
-        self,
-        ready: Callable[[], bool],
-        ranks: Callable[[], Sequence[int]],
-        deadline: float,
-        what: str,
-    ) -> None:
-        """Wait until ``ready()``, with the same policy and checks as flag waits.
-
-        ``ranks()`` names the peers still waited for (for liveness checks and errors).
-        """
-        if ready():
-            return
-        spins = self.policy.spins
-        while spins > 0:
-            spins -= 1
-            if ready():
-                return
-        now = time.monotonic()
-        yield_until = now + self.policy.yield_s
-        next_check = now + _FIRST_CHECK_S
-        sleep_s = 0.00002
-        while not ready():
-            now = time.monotonic()
-            if now >= next_check:
                 try:
-                    self._check_waiting([(-1, r) for r in ranks()], 1, deadline, now, what)
+                    self._check_waiting(waiting(), value, deadline, now, what)
                 except ShmWaitError:
                     if ready():  # the peer delivered, then left: not an error
                         return
                     raise
                 next_check = now + _LIVENESS_PERIOD_S
             if now < yield_until:
-                os.sched_yield()
+                sched_yield()
             elif futex.AVAILABLE:
                 self._doze(ready, min(WaitPolicy.DOZE_S, max(next_check - now, 0.0) + 1e-4))
             else:
                 time.sleep(sleep_s)
-                sleep_s = min(sleep_s * 2, self.policy.sleep_max_s)
+                sleep_s = min(sleep_s * 2, policy.sleep_max_s)
+
+    def _doze(self, ready: Callable[[], bool], timeout_s: float) -> None:
+        """Block until a peer rings this rank's doorbell (or ``timeout_s``), unless ``ready()``."""
+        flags = self.flags
+        seen = flags[self._bell]
+        flags[self._asleep] = 1
+        _full_fence()  # "asleep" must be visible before ready() reads the peers' flags
+        try:
+            if not ready():  # re-check after announcing the sleep: a ring may have been missed
+                futex.wait(self._base + self._bell * 8, seen, timeout_s)
+        finally:
+            flags[self._asleep] = 0
 
     def _check_waiting(
         self,
         pending: list[tuple[int, int]],
         value: int,
-        deadline: float,
+        deadline: Deadline,
         now: float,
         what: str,
     ) -> None:
@@ -419,7 +496,7 @@ class ShmChannel:
                 f"{ranks_text(dead)} died (process gone) while this rank waited for "
                 f"{'them' if len(dead) > 1 else 'it'} {what}",
             )
-        if now >= deadline:
+        if now >= deadline.end:
             raise ShmWaitError("timeout", ranks, f"waiting for {ranks_text(ranks)} {what}")
 
     # -- lifecycle -------------------------------------------------------------------------

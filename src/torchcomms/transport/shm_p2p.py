@@ -13,8 +13,14 @@ byte-count mismatch fails loudly on the receiving side.
 
 Posting never blocks: a transfer is queued and moved as far as the ring allows; waiting
 on a transfer keeps moving every queued transfer with the same peers, so crossed sends
-and receives of any size cannot deadlock.  ``_lock`` guards the queues and counters (the
-executor thread and the caller's thread may both progress).
+and receives of any size cannot deadlock.  ``wait`` is one ``ShmChannel.poll`` (the
+channel's single wait loop, bounded by the op's ``Deadline``) whose predicate progresses.
+
+Threads: ``post`` runs on the thread that runs the op; ``wait`` on whichever thread
+waits for the work (the executor's, or a caller's in the work's ``wait()``); and a
+collective waiting on the executor thread progresses the rings through the channel's
+``idle`` hook.  ``_lock`` guards the queues and counters; the ``idle`` hook only takes it
+when it is free.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from collections.abc import Sequence
 
 import torch
 
+from torchcomms.deadline import Deadline
 from torchcomms.transport.shm_channel import (
     ACKED,
     PMETA0,
@@ -112,7 +119,7 @@ class ShmP2P:
                 return
         incoming.posted.append(t)
 
-    def wait(self, transfers: Sequence[Transfer], deadline: float) -> None:
+    def wait(self, transfers: Sequence[Transfer], deadline: Deadline) -> None:
         """Move every queued transfer until all of ``transfers`` are complete."""
 
         def ready() -> bool:
