@@ -9,6 +9,8 @@ One path for every op (collectives, point-to-point, batches, split):
 3. ``_issue``: call the backend (the typed ``CommBackend``) with an ``OpOptions``,
    telling the internal observers (``oprecord``) about it; then the post-hooks.
 
+``split`` takes steps 1 and 2 and creates a communicator instead of calling an op.
+
 Thread-safety follows upstream: a communicator is meant to be driven by one thread;
 ``op_id`` allocation and hook registration are thread-safe.
 """
@@ -34,6 +36,7 @@ from torchcomms.validation import Checker
 from torchcomms.work import TorchWork
 
 FINALIZE_OP_ID = 2**64 - 1
+_READY = CommState.READY
 
 _op_ids = itertools.count()
 _op_id_lock = threading.Lock()
@@ -142,7 +145,7 @@ class CommCore:
 
     def _checker(self, op: str) -> Checker:
         """Refuse unless ops may run, then the (cached) validator of ``op``."""
-        if self._status.state is not CommState.READY:
+        if self._status.state is not _READY:
             self._status.check(self._prefix(op), self._impl_name)
         checker = self._checkers.get(op)
         if checker is None:  # rank, size and dtypes are fixed for a comm's life: build once
@@ -196,36 +199,28 @@ class CommCore:
         """Begin the op, ``call`` the backend (observed), then run the post-hooks.
 
         ``call_args`` are the backend arguments observers may inspect (e.g. the reduce op).
+        The steps of ``_begin`` are inlined: this is every op's hot path.
         """
-        op_id, resolved = self._begin(name, pre_args, timeout, hints)
+        resolved = self._resolve_timeout(timeout, name.name, hints)
+        op_id = _next_op_id()
+        if self._pre_hooks:
+            self._run_pre_hooks(name, op_id, pre_args)
         options = OpOptions(resolved, dict(hints) if hints else {}, name.name, op_id)
-        work = self._observed(name, op_id, pre_args, resolved, lambda: call(options), call_args)
-        if self._post_hooks:
-            self._run_post_hooks(op_id, post_args(work))
-        return work
-
-    def _observed(
-        self,
-        name: OpName,
-        op_id: int,
-        pre_args: Any,
-        timeout: timedelta,
-        call: Callable[[], TorchWork],
-        call_args: tuple[Any, ...] = (),
-    ) -> TorchWork:
-        """``call()`` the backend, telling the internal observers (``oprecord``) about it."""
         observers = self._observers
         if not observers:
-            return call()
-        record = OpRecord(self, name, op_id, pre_args, timeout, observers, call_args)
-        try:
-            # An observer may stop the op (the collective check); it still finishes, failed.
-            record._scheduled()
-            work = call()
-        except BaseException as exc:
-            record._failed(exc)
-            raise
-        record._issued(work)
+            work = call(options)
+        else:
+            record = OpRecord(self, name, op_id, pre_args, resolved, observers, call_args)
+            try:
+                # An observer may stop the op (the collective check); it still finishes, failed.
+                record._scheduled()
+                work = call(options)
+            except BaseException as exc:
+                record._failed(exc)
+                raise
+            record._issued(work)
+        if self._post_hooks:
+            self._run_post_hooks(op_id, post_args(work))
         return work
 
     def _add_observer(self, observer: OpObserver) -> None:

@@ -310,7 +310,8 @@ class TorchCommGloo(CommBackend):
             return CompletedWork()
 
         def guarded() -> Completion | None:
-            self.check_usable(self._prefix(opts))  # an earlier queued op may have failed
+            if status.state is not CommState.READY:  # an earlier queued op may have failed
+                self.check_usable(self._prefix(opts))
             try:
                 with torch.no_grad():
                     completion = body(Deadline(timeout))
@@ -328,7 +329,8 @@ class TorchCommGloo(CommBackend):
 
             return finish
 
-        self.check_usable(self._prefix(opts))
+        if status.state is not CommState.READY:
+            self.check_usable(self._prefix(opts))
         work = AsyncWork(self._prefix(opts).rstrip(": "), timeout.total_seconds())
         return executor.submit(guarded, work)
 
