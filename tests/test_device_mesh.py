@@ -103,6 +103,8 @@ def _mesh_1d(ctx: RankContext) -> str:
             shared.set("hello", "from rank 0")
         shared.wait(["hello"])
         assert shared.get("hello") == b"from rank 0"
+        # Rank 0 serves the comm's store: nobody finalizes before every rank has read it.
+        comm.barrier(False)
         return str(group.group_name)
     finally:
         if dist.is_initialized():
