@@ -41,12 +41,12 @@ class GlooOps(CpuOps):
         self.rank = rank
         self.size = size
         self._peers = list(peers)  # (host identity, pid) per comm rank
-        self._device_desc = device_desc
+        self.device_desc = device_desc  # which network device, e.g. "loopback: all ranks on this host"
         self._send_seq: dict[int, int] = defaultdict(int)
         self._recv_seq: dict[int, int] = defaultdict(int)
 
     def describe(self) -> str:
-        return f"tcp ({self._device_desc})"
+        return f"tcp ({self.device_desc})"
 
     def fail(self) -> None:
         """Nothing to tell: gloo peers see the broken connection or time out themselves."""

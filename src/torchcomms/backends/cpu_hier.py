@@ -183,10 +183,9 @@ class HierOps(CpuOps):
 
     def describe(self) -> str:
         t = self.topo
-        gloo_desc = self.flat.describe().removeprefix("tcp (").removesuffix(")")
         return (
             f"hierarchical: shm inside {len(t.hosts)} hosts ({t.sizes_text()} ranks), "
-            f"tcp between ({gloo_desc}); all_reduce leader-based up to "
+            f"tcp between ({self.flat.device_desc}); all_reduce leader-based up to "
             f"{self.small_max} B{', sharded above' if t.even else ' (uneven hosts)'}"
         )
 
