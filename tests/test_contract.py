@@ -158,6 +158,28 @@ def test_plugin_error_in_wait_keeps_its_type_for_later_ops() -> None:
     comm.finalize()
 
 
+class _BadSplitPlugin(_FlakyPlugin):
+    def split(self, ranks: list[int], name: str, options: CommOptions) -> Any:
+        return object()
+
+
+def test_a_plugin_split_that_returns_no_backend_is_refused() -> None:
+    register_backend("bad_split_test_contract", _BadSplitPlugin)
+    comm = new_comm("bad_split_test_contract", CPU, name=f"badsplit{next(_names)}")
+    with pytest.raises(
+        TypeError,
+        match=r"_BadSplitPlugin\.split returned an object whose class object must subclass "
+        "TorchCommBackend",
+    ):
+        comm.split([0], "child")
+    child = comm.split([], "nobody")
+    assert child is None
+    t = torch.zeros(2)
+    comm.all_reduce(t, ReduceOp.SUM, False)  # a refused split is no communicator failure
+    assert torch.equal(t, torch.ones(2))
+    comm.finalize()
+
+
 def test_abort_refuses_later_ops_but_finalize_works() -> None:
     comm = new_comm("fake", CPU, name=f"aborted{next(_names)}")
     hooks: list[str] = []

@@ -24,7 +24,6 @@ import torch
 from torchcomms import config, hook_args, registry
 from torchcomms.backends import plugin
 from torchcomms.backends.base import TorchCommBackend
-from torchcomms.backends.contract import CommBackend
 from torchcomms.comm_core import FINALIZE_OP_ID, RemovableHandle
 from torchcomms.comm_ops import BatchSendRecv, CommOps
 from torchcomms.errors import CommStateError
@@ -47,11 +46,6 @@ logger = logging.getLogger("torchcomms.comm")
 
 class TorchComm(CommOps):
     """A communicator: a group of ranks with communicator-relative rank numbers."""
-
-    def __init__(
-        self, backend: str, impl: CommBackend, device: torch.device, options: CommOptions
-    ) -> None:
-        super().__init__(backend, impl, device, options)
 
     # -- getters ---------------------------------------------------------------------------------
     def get_device(self) -> torch.device:
@@ -256,11 +250,8 @@ def new_comm(
         options.hints = {str(k): str(v) for k, v in hints.items()}
     backend_class = registry.get_backend_class(backend)
     impl = backend_class()
-    if not isinstance(impl, TorchCommBackend):
-        raise TypeError(
-            f"backend {backend!r} class {backend_class.__name__} must subclass TorchCommBackend"
-        )
-    comm_backend = plugin.adapt(impl)  # the one place a plug-in's calling convention is adapted
+    # The one place a plug-in's calling convention is adapted (and a non-backend refused).
+    comm_backend = plugin.adapt(impl, f"backend {backend!r}")
     if enable_reconfigure and not comm_backend.supports_reconfigure():
         raise RuntimeError(
             f"[TorchComm]: enable_reconfigure=true is not supported by backend: {backend}"

@@ -24,19 +24,12 @@ class Deadline:
         self.timeout = timeout
         self.end = time.monotonic() + timeout.total_seconds() if end is None else end
 
-    @classmethod
-    def after(cls, seconds: float) -> Deadline:
-        return cls(timedelta(seconds=seconds))
-
     def left_s(self) -> float:
         """Seconds left, never below 1 ms (so no wait turns into "no timeout")."""
         return max(self.end - time.monotonic(), _MIN_LEFT_S)
 
     def remaining(self) -> timedelta:
         return timedelta(seconds=self.left_s())
-
-    def expired(self, now: float | None = None) -> bool:
-        return (time.monotonic() if now is None else now) >= self.end
 
     def __repr__(self) -> str:
         return f"Deadline(timeout={self.timeout.total_seconds():g}s, left={self.left_s():.3f}s)"

@@ -43,10 +43,6 @@ class CommStatus:
         self.cause: CommError | None = None
         self._lock = threading.Lock()
 
-    @property
-    def usable(self) -> bool:
-        return self.state is CommState.READY
-
     def fail(self, error: CommError) -> bool:
         """Record a failure; True when it is the first (the comm moved to ``error``)."""
         with self._lock:

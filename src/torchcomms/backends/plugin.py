@@ -96,7 +96,8 @@ class PluginBackend(CommBackend):
         self.plugin.tensor_deregister(tensor)
 
     def split(self, ranks: list[int], name: str, options: CommOptions) -> CommBackend:
-        return adapt(self.plugin.split(ranks, name, options))
+        child = self.plugin.split(ranks, name, options)
+        return adapt(child, f"{type(self.plugin).__name__}.split returned an object whose")
 
     # -- operations ------------------------------------------------------------------------
     def _call(self, call: Callable[[], Any]) -> TorchWork:
@@ -276,12 +277,13 @@ def as_work(result: Any, on_error: Callable[[BaseException], None] | None = None
     return PythonBackendWork(result, on_error=on_error)
 
 
-def adapt(backend: TorchCommBackend) -> CommBackend:
-    """The ``CommBackend`` that ``TorchComm`` calls for ``backend`` (itself, or an adapter)."""
+def adapt(backend: object, what: str) -> CommBackend:
+    """The ``CommBackend`` that ``TorchComm`` calls for ``backend`` (itself, or an adapter).
+
+    ``what`` names it in the error when it is no backend at all (``backend 'x'``).
+    """
     if isinstance(backend, CommBackend):
         return backend
     if not isinstance(backend, TorchCommBackend):
-        raise TypeError(
-            f"backend class {type(backend).__name__} must subclass TorchCommBackend"
-        )
+        raise TypeError(f"{what} class {type(backend).__name__} must subclass TorchCommBackend")
     return PluginBackend(backend)
