@@ -53,6 +53,13 @@ class CpuOps(abc.ABC):
     def close(self, failed: bool) -> None:
         """Release the transport (after ``fail()`` the peers see a failure, else a finalize)."""
 
+    def abort(self) -> None:
+        """Make every wait of this transport, on any thread, raise within a second; local only.
+
+        Called from any thread (``TorchComm.abort``); later ops are refused by the backend.
+        """
+        self.fail()
+
     def dead_peers(self) -> list[int]:
         """Members known to be gone (their process exited); used to explain a failure."""
         return []
