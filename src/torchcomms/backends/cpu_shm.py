@@ -20,6 +20,7 @@ import torch
 import torch._C._distributed_c10d as c10d
 
 from torchcomms import config
+from torchcomms import fingerprint as F
 from torchcomms.backends._host import finish_average, host_flat, on_host, overlaps
 from torchcomms.backends.cpu_ops import Completion, CpuOps
 from torchcomms.backends.shm_collectives import ShmCollectives
@@ -147,8 +148,11 @@ class ShmOps(CpuOps):
         if tensor.is_cpu and op.type is not RedOpType.AVG:  # the hot path: no staging
             if tensor.numel():
                 self.coll.all_reduce(tensor if tensor.dim() == 1 else tensor.view(-1), op, deadline)
+            else:
+                self.coll.empty(F.ALL_REDUCE, tensor.dtype, deadline, redop=op)
             return
         if tensor.numel() == 0:
+            self.coll.empty(F.ALL_REDUCE, tensor.dtype, deadline, redop=op)
             return
         with on_host(tensor) as host:
             flat = host.view(-1)
@@ -157,6 +161,7 @@ class ShmOps(CpuOps):
 
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, deadline: Deadline) -> None:
         if tensor.numel() == 0:
+            self.coll.empty(F.REDUCE, tensor.dtype, deadline, root, op)
             return
         if self.rank != root:
             self.coll.reduce(host_flat(tensor), root, op, deadline)
@@ -180,6 +185,7 @@ class ShmOps(CpuOps):
     ) -> None:
         """``input`` holds ``size * output.numel()`` elements, rank ``r``'s part at row ``r``."""
         if output.numel() == 0:
+            self.coll.empty(F.REDUCE_SCATTER, output.dtype, deadline, redop=op)
             return
         rows = host_flat(input).view(self.size, -1)
         if output.is_cpu and op.type is not RedOpType.AVG:
@@ -205,6 +211,7 @@ class ShmOps(CpuOps):
     # -- rooted --------------------------------------------------------------------------
     def broadcast(self, tensor: torch.Tensor, root: int, deadline: Deadline) -> None:
         if tensor.numel() == 0:
+            self.coll.empty(F.BROADCAST, tensor.dtype, deadline, root)
             return
         if tensor.is_cpu:
             self.coll.broadcast(tensor.view(-1), root, deadline)
@@ -220,6 +227,7 @@ class ShmOps(CpuOps):
         deadline: Deadline,
     ) -> None:
         if output.numel() == 0:
+            self.coll.empty(F.SCATTER, output.dtype, deadline, root)
             return
         srcs = [host_flat(t) for t in input_list] if self.rank == root else []
         with on_host(output) as host:
@@ -233,6 +241,7 @@ class ShmOps(CpuOps):
         deadline: Deadline,
     ) -> None:
         if input.numel() == 0:
+            self.coll.empty(F.GATHER, input.dtype, deadline, root)
             return
         if self.rank != root:
             self.coll.gather([], host_flat(input), root, deadline)
@@ -249,6 +258,7 @@ class ShmOps(CpuOps):
     ) -> None:
         """``output`` holds ``size`` copies' worth of elements, rank order."""
         if input.numel() == 0:
+            self.coll.empty(F.ALL_GATHER, input.dtype, deadline)
             return
         src = host_flat(input)
         if output.is_cpu and not overlaps(output, src):
@@ -264,6 +274,7 @@ class ShmOps(CpuOps):
     ) -> None:
         n = input.numel()
         if n == 0:
+            self.coll.empty(F.ALL_GATHER, input.dtype, deadline)
             return
         flat = torch.empty(self.size * n, dtype=input.dtype)
         self.coll.all_gather(flat.view(self.size, -1), host_flat(input), deadline)
@@ -297,6 +308,7 @@ class ShmOps(CpuOps):
                 n = src.numel() // self.size
                 in_splits = out_splits = [n] * self.size
                 if n == 0:
+                    self.coll.empty(F.ALL_TO_ALL, src.dtype, deadline)
                     return
             even = len(set(in_splits)) == 1 and list(in_splits) == list(out_splits)
             same = out.data_ptr() == src.data_ptr() and out.numel() == src.numel()

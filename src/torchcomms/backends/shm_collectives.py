@@ -34,33 +34,16 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from torchcomms.backends._host import CPU_DTYPES
+from torchcomms import fingerprint as F
 from torchcomms.deadline import Deadline
+from torchcomms.fingerprint import Fingerprint
 from torchcomms.transport.shm_channel import ShmChannel
 from torchcomms.types import RedOpType, ReduceOp
-
-# Stable across processes: the fingerprint must not depend on hash randomisation.
-_DTYPE_CODES = {dt: i for i, dt in enumerate(CPU_DTYPES)}
-
-(
-    _ALL_REDUCE,
-    _REDUCE,
-    _BROADCAST,
-    _ALL_GATHER,
-    _ALL_GATHER_V,
-    _GATHER,
-    _SCATTER,
-    _REDUCE_SCATTER,
-    _REDUCE_SCATTER_V,
-    _ALL_TO_ALL,
-    _ALL_TO_ALL_V,
-    _BARRIER,
-) = range(1, 13)
 
 # A one-shot all_reduce's fingerprint, own slot per parity, all-rank rows per parity, and
 # whether it pre-multiplies / reduces with a plain torch.sum (decided once per shape).
 _Pair = tuple[torch.Tensor, torch.Tensor]
-_Plan = tuple[int, _Pair, _Pair, bool, bool]
+_Plan = tuple[Fingerprint, _Pair, _Pair, bool, bool]
 
 _ANY = (RedOpType.SUM, RedOpType.MAX, RedOpType.BOR, RedOpType.AVG, RedOpType.PREMUL_SUM)
 _ALL = (RedOpType.PRODUCT, RedOpType.MIN, RedOpType.BAND)
@@ -87,12 +70,6 @@ _BINARY_BOOL: dict[RedOpType, Callable[..., torch.Tensor]] = {
     RedOpType.BAND: torch.logical_and,
     RedOpType.BXOR: torch.logical_xor,
 }
-
-
-def fingerprint(op: int, dtype: torch.dtype | None, *sizes: object) -> int:
-    """A 64-bit fingerprint, equal on every process for equal arguments (ints only)."""
-    code = -1 if dtype is None else _DTYPE_CODES[dtype]
-    return hash((op, code, *sizes))
 
 
 def reduce_rows(rows: torch.Tensor, out: torch.Tensor, op: ReduceOp) -> None:
@@ -156,6 +133,7 @@ class ShmCollectives:
     def all_reduce(self, flat: torch.Tensor, op: ReduceOp, deadline: Deadline) -> None:
         """In place on ``flat`` (AVG is finished by the caller)."""
         chan = self.chan
+        chan.op_seq += 1
         n = flat.numel()
         dtype = flat.dtype
         key = (dtype, n, op.type)
@@ -165,7 +143,7 @@ class ShmCollectives:
         if plan is not False:
             self._oneshot_all_reduce(flat, op, plan, deadline)
             return
-        fp = fingerprint(_ALL_REDUCE, dtype, n, op.type.value)
+        fp = F.make(F.ALL_REDUCE, dtype, n, redop=op)
         cap = chan.slot_capacity(dtype)
         pair = self.size == 2
         for start in range(0, n, cap):
@@ -189,7 +167,7 @@ class ShmCollectives:
         if n * dtype.itemsize <= self.oneshot_max and n <= chan.slot_capacity(dtype):
             t = op.type
             plan = (
-                fingerprint(_ALL_REDUCE, dtype, n, t.value),
+                F.make(F.ALL_REDUCE, dtype, n, redop=op),
                 (chan.slot(self.rank, 0, dtype, n), chan.slot(self.rank, 1, dtype, n)),
                 (chan.rows(0, dtype, n), chan.rows(1, dtype, n)),
                 t is RedOpType.PREMUL_SUM,
@@ -206,7 +184,7 @@ class ShmCollectives:
         op: ReduceOp,
         plan: _Plan | bool,
         deadline: Deadline,
-        whole_fp: int | None = None,
+        whole_fp: Fingerprint | None = None,
     ) -> None:
         """One round: the small-message latency path.
 
@@ -227,7 +205,13 @@ class ShmCollectives:
             torch.mul(flat, op.factor_value(), out=slots[p])
         else:
             slots[p].copy_(flat)
-        flags[chan.my_meta[p]] = fp
+        meta = chan.my_meta[p]
+        seq = chan.op_seq
+        digest = fp[0]
+        flags[meta + 4] = seq
+        flags[meta + 2] = fp[1]
+        flags[meta + 3] = fp[2]
+        flags[meta] = digest
         flags[chan.pub_index] = k
         chan.ring()
         for i in chan.all_pub:
@@ -235,8 +219,9 @@ class ShmCollectives:
                 chan.wait_all(k, deadline)
                 break
         for i in chan.all_meta[p]:
-            if flags[i] != fp:
+            if flags[i] != digest or flags[i + 4] != seq:
                 chan.check_fingerprints(k, fp, "all_reduce")
+                break
         if plain_sum:
             torch.sum(rows[p], 0, dtype=flat.dtype, out=flat)
         else:
@@ -248,13 +233,12 @@ class ShmCollectives:
         chan = self.chan
         n = flat.numel()
         dtype = flat.dtype
-        fp = fingerprint(_REDUCE, dtype, n, op.type.value, root)
+        fp = self._fp(F.REDUCE, dtype, n, root, op)
         if n * dtype.itemsize <= self.oneshot_max and n <= chan.slot_capacity(dtype):
             k = chan.begin(deadline)
             _store(chan.slot(self.rank, k, dtype, n), flat, op)
-            chan.publish(k, fp)
+            chan.exchange(k, deadline, fp, "reduce")  # every rank checks every fingerprint
             if self.rank == root:
-                chan.wait_all(k, deadline, fp, "reduce")
                 reduce_rows(chan.rows(k, dtype, n), flat, op)
             chan.finish(k)
             return
@@ -264,7 +248,7 @@ class ShmCollectives:
             self._reduce_scatter_gather(chunk, op, fp if start == 0 else None, deadline, root)
 
     def _pair_reduce_exchange(
-        self, chunk: torch.Tensor, op: ReduceOp, fp: int | None, deadline: Deadline
+        self, chunk: torch.Tensor, op: ReduceOp, fp: Fingerprint | None, deadline: Deadline
     ) -> bool:
         """all_reduce of one chunk between exactly two ranks, with the least copying.
 
@@ -303,7 +287,7 @@ class ShmCollectives:
         self,
         chunk: torch.Tensor,
         op: ReduceOp,
-        fp: int | None,
+        fp: Fingerprint | None,
         deadline: Deadline,
         root: int | None,
     ) -> None:
@@ -344,7 +328,7 @@ class ShmCollectives:
         size, me = self.size, self.rank
         n = out.numel()
         dtype = out.dtype
-        fp = fingerprint(_REDUCE_SCATTER, dtype, n, op.type.value)
+        fp = self._fp(F.REDUCE_SCATTER, dtype, n, -1, op)
         per = max(chan.slot_capacity(dtype) // size, 1)
         stride = chan.layout.slot_bytes // dtype.itemsize
         for start in range(0, n, per):
@@ -370,7 +354,10 @@ class ShmCollectives:
         size, me = self.size, self.rank
         sizes = [t.numel() for t in inputs]
         dtype = out.dtype
-        fp = fingerprint(_REDUCE_SCATTER_V, dtype, op.type.value, *sizes)
+        fp = self._fp(F.REDUCE_SCATTER_V, dtype, 0, -1, op, sizes)
+        if not any(sizes):
+            self._check_round(fp, deadline, "reduce_scatter_v")
+            return
         per = max(chan.slot_capacity(dtype) // size, 1)
         stride = chan.layout.slot_bytes // dtype.itemsize
         for start in range(0, max(sizes, default=0), per):
@@ -393,17 +380,24 @@ class ShmCollectives:
         chan = self.chan
         n = flat.numel()
         dtype = flat.dtype
-        fp = fingerprint(_BROADCAST, dtype, n, root)
+        fp = self._fp(F.BROADCAST, dtype, n, root)
         cap = chan.slot_capacity(dtype)
         for start in range(0, n, cap):
             c = min(cap, n - start)
-            if self.rank == root:
+            if start == 0:  # every rank publishes and checks every fingerprint
+                k = chan.begin(deadline)
+                if self.rank == root:
+                    chan.slot(root, k, dtype, c).copy_(flat[:c])
+                chan.exchange(k, deadline, fp, "broadcast")
+                if self.rank != root:
+                    flat[:c].copy_(chan.slot(root, k, dtype, c))
+            elif self.rank == root:
                 k = chan.begin(deadline)
                 chan.slot(root, k, dtype, c).copy_(flat[start : start + c])
-                chan.publish(k, fp)
+                chan.publish(k)
             else:
                 k = chan.next_round()
-                chan.wait_rank(k, root, deadline, fp if start == 0 else None, "broadcast")
+                chan.wait_rank(k, root, deadline)
                 flat[start : start + c].copy_(chan.slot(root, k, dtype, c))
             chan.finish(k)
 
@@ -415,20 +409,28 @@ class ShmCollectives:
         size, me = self.size, self.rank
         n = out.numel()
         dtype = out.dtype
-        fp = fingerprint(_SCATTER, dtype, n, root)
+        fp = self._fp(F.SCATTER, dtype, n, root)
         per = max(chan.slot_capacity(dtype) // size, 1)
         for start in range(0, n, per):
             c = min(per, n - start)
+            first = start == 0  # every rank publishes and checks every fingerprint
             if me == root:
                 k = chan.begin(deadline)
                 for r, t in enumerate(inputs):
                     if r != me:
                         chan.slot(root, k, dtype, c, at=r * per).copy_(t[start : start + c])
-                chan.publish(k, fp)
+                if first:
+                    chan.exchange(k, deadline, fp, "scatter")
+                else:
+                    chan.publish(k)
                 out[start : start + c].copy_(inputs[me][start : start + c])
             else:
-                k = chan.next_round()
-                chan.wait_rank(k, root, deadline, fp if start == 0 else None, "scatter")
+                if first:
+                    k = chan.begin(deadline)
+                    chan.exchange(k, deadline, fp, "scatter")
+                else:
+                    k = chan.next_round()
+                    chan.wait_rank(k, root, deadline)
                 out[start : start + c].copy_(chan.slot(root, k, dtype, c, at=me * per))
             chan.finish(k)
 
@@ -440,14 +442,17 @@ class ShmCollectives:
         me = self.rank
         n = inp.numel()
         dtype = inp.dtype
-        fp = fingerprint(_GATHER, dtype, n, root)
+        fp = self._fp(F.GATHER, dtype, n, root)
         cap = chan.slot_capacity(dtype)
         for start in range(0, n, cap):
             c = min(cap, n - start)
             k = chan.begin(deadline)
             if me != root:
                 chan.slot(me, k, dtype, c).copy_(inp[start : start + c])
-                chan.publish(k, fp if start == 0 else None)
+                if start == 0:  # every rank checks every fingerprint
+                    chan.exchange(k, deadline, fp, "gather")
+                else:
+                    chan.publish(k)
             else:
                 chan.exchange(k, deadline, fp if start == 0 else None, "gather")
                 for r, o in enumerate(outs):
@@ -461,7 +466,7 @@ class ShmCollectives:
         chan = self.chan
         n = inp.numel()
         dtype = inp.dtype
-        fp = fingerprint(_ALL_GATHER, dtype, n)
+        fp = self._fp(F.ALL_GATHER, dtype, n)
         cap = chan.slot_capacity(dtype)
         for start in range(0, n, cap):
             c = min(cap, n - start)
@@ -479,7 +484,10 @@ class ShmCollectives:
         me = self.rank
         sizes = [o.numel() for o in outs]
         dtype = inp.dtype
-        fp = fingerprint(_ALL_GATHER_V, dtype, *sizes)
+        fp = self._fp(F.ALL_GATHER_V, dtype, 0, -1, None, sizes)
+        if not any(sizes):
+            self._check_round(fp, deadline, "all_gather_v")
+            return
         cap = chan.slot_capacity(dtype)
         for start in range(0, max(sizes, default=0), cap):
             k = chan.begin(deadline)
@@ -511,7 +519,10 @@ class ShmCollectives:
         even = len(set(in_splits)) == 1 and list(in_splits) == list(out_splits)
         if even:
             n = in_splits[0]
-            fp = fingerprint(_ALL_TO_ALL, dtype, n)
+            fp = self._fp(F.ALL_TO_ALL, dtype, n)
+            if n == 0:
+                self._check_round(fp, deadline, "all_to_all")
+                return
             src2d, dst2d = inp.view(size, n), out.view(size, n)
             for start in range(0, n, per):
                 c = min(per, n - start)
@@ -526,7 +537,7 @@ class ShmCollectives:
                 )
                 chan.finish(k)
             return
-        fp = fingerprint(_ALL_TO_ALL_V, dtype)
+        fp = self._fp(F.ALL_TO_ALL_V, dtype, 0)
         in_offs = _offsets(in_splits)
         out_offs = _offsets(out_splits)
         needed = max(1, -(-max(*in_splits, *out_splits, 0) // per))
@@ -562,11 +573,37 @@ class ShmCollectives:
                 return
 
     def barrier(self, deadline: Deadline) -> None:
+        self._check_round(self._fp(F.BARRIER, None, 0), deadline, "barrier")
+
+    def empty(
+        self,
+        op: int,
+        dtype: torch.dtype,
+        deadline: Deadline,
+        root: int = -1,
+        redop: ReduceOp | None = None,
+    ) -> None:
+        """An op with nothing to move still meets its peers: a mismatch must not slip by."""
+        self._check_round(self._fp(op, dtype, 0, root, redop), deadline, F.OP_NAMES[op])
+
+    def _check_round(self, fp: Fingerprint, deadline: Deadline, what: str) -> None:
         chan = self.chan
-        fp = fingerprint(_BARRIER, None)
         k = chan.begin(deadline)
-        chan.exchange(k, deadline, fp, "barrier")
+        chan.exchange(k, deadline, fp, what)
         chan.finish(k)
+
+    def _fp(
+        self,
+        op: int,
+        dtype: torch.dtype | None,
+        count: int,
+        root: int = -1,
+        redop: ReduceOp | None = None,
+        sizes: Sequence[int] = (),
+    ) -> Fingerprint:
+        """The next collective's fingerprint (the sequence number advances)."""
+        self.chan.op_seq += 1
+        return F.make(op, dtype, count, root, redop, sizes)
 
 
 def _offsets(splits: Sequence[int]) -> list[int]:

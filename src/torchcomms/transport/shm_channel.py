@@ -62,6 +62,8 @@ import torch
 
 from torchcomms import config
 from torchcomms.deadline import Deadline
+from torchcomms.fingerprint import Fingerprint
+from torchcomms.fingerprint import mismatch as fingerprint_mismatch
 from torchcomms.transport import futex, shm_segment
 
 logger = logging.getLogger("torchcomms.transport.shm")
@@ -187,6 +189,8 @@ class ShmChannel:
         self._slots: dict[tuple[object, ...], torch.Tensor] = {}
         self._pids = list(pids)
         self.round = 0
+        #: The communicator's collective sequence number, part of every fingerprint.
+        self.op_seq = 0
         # Called while a collective waits past its spin phase (the p2p engine's progress).
         self.idle: Callable[[], None] | None = None
         self._peers = [r for r in range(self.size) if r != rank]
@@ -276,20 +280,31 @@ class ShmChannel:
         if k > 2:
             self._wait(self.peer_cons, self._peers, k - 2, deadline, "to release a slot")
 
-    def publish(self, k: int, fingerprint: int | None = None, count: int | None = None) -> None:
+    def publish(
+        self, k: int, fingerprint: Fingerprint | None = None, count: int | None = None
+    ) -> None:
         """Announce round ``k`` once this rank's slot holds its data.
 
-        ``fingerprint`` and ``count`` (a number every peer reads with ``count_of``) go to
-        the round's meta line first; ``None`` leaves that word as it was.
+        ``fingerprint`` (with the current ``op_seq``) and ``count`` (a number every peer
+        reads with ``count_of``) go to the round's meta line first; ``None`` leaves those
+        words as they were.
         """
         flags = self.flags
         meta = self.my_meta[k & 1]
         if count is not None:
             flags[meta + 1] = count
         if fingerprint is not None:
-            flags[meta] = fingerprint
+            self.write_fingerprint(meta, fingerprint)
         flags[self.pub_index] = k
         self.ring()
+
+    def write_fingerprint(self, meta: int, fingerprint: Fingerprint) -> None:
+        """Words 0, 2, 3 and 4 of a meta line: digest, descriptor, count, sequence number."""
+        flags = self.flags
+        flags[meta + 4] = self.op_seq
+        flags[meta + 2] = fingerprint[1]
+        flags[meta + 3] = fingerprint[2]
+        flags[meta] = fingerprint[0]
 
     def count_of(self, k: int, rank: int) -> int:
         """The ``count`` that ``rank`` published with round ``k`` (after waiting for it)."""
@@ -308,7 +323,7 @@ class ShmChannel:
                 futex.wake(self._base + bell * 8)
 
     def wait_all(
-        self, k: int, deadline: Deadline, fingerprint: int | None = None, what: str = ""
+        self, k: int, deadline: Deadline, fingerprint: Fingerprint | None = None, what: str = ""
     ) -> None:
         """Wait until every rank has published round ``k``; then check ``fingerprint``."""
         self._wait(self.all_pub, range(self.size), k, deadline, "to arrive")
@@ -316,7 +331,12 @@ class ShmChannel:
             self.check_fingerprints(k, fingerprint, what)
 
     def wait_rank(
-        self, k: int, rank: int, deadline: Deadline, fingerprint: int | None = None, what: str = ""
+        self,
+        k: int,
+        rank: int,
+        deadline: Deadline,
+        fingerprint: Fingerprint | None = None,
+        what: str = "",
     ) -> None:
         """Wait until ``rank`` has published round ``k``; then check its ``fingerprint``."""
         self._wait([self.all_pub[rank]], [rank], k, deadline, "to arrive")
@@ -324,35 +344,31 @@ class ShmChannel:
             self.check_fingerprints(k, fingerprint, what, (rank,))
 
     def exchange(
-        self, k: int, deadline: Deadline, fingerprint: int | None = None, what: str = ""
+        self, k: int, deadline: Deadline, fingerprint: Fingerprint | None = None, what: str = ""
     ) -> None:
         """``publish`` round ``k``, then ``wait_all`` for it (checking ``fingerprint``)."""
         self.publish(k, fingerprint)
         self.wait_all(k, deadline, fingerprint, what)
 
     def check_fingerprints(
-        self, k: int, mine: int, what: str, ranks: Sequence[int] | None = None
+        self, k: int, mine: Fingerprint, what: str, ranks: Sequence[int] | None = None
     ) -> None:
-        """After waiting for round ``k``: those ranks called the same op with compatible sizes."""
+        """After waiting for round ``k``: those ranks called the same op (sizes, root, seq)."""
         flags = self.flags
-        layout = self.layout
-        line = META0 + (k & 1)
-        if ranks is None:
-            for i in self.all_meta[k & 1]:
-                if flags[i] != mine:
-                    break
-            else:
-                return
+        digest, seq = mine[0], self.op_seq
+        metas = self.all_meta[k & 1]
         among = range(self.size) if ranks is None else ranks
-        bad = [r for r in among if flags[layout.rank_flag(r, line)] != mine]
-        if bad:
-            raise ShmWaitError(
-                "mismatch",
-                bad,
-                f"{what} does not match the collective of "
-                f"rank{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))} "
-                "(different op, dtype, size or root at the same point in the sequence)",
-            )
+        for r in among:
+            if flags[metas[r]] != digest or flags[metas[r] + 4] != seq:
+                break
+        else:
+            return
+        every = [((flags[m], flags[m + 2], flags[m + 3]), flags[m + 4]) for m in metas]
+        found = fingerprint_mismatch(every)
+        if found is None:  # only some ranks were waited for; name those that differ
+            found = [r for r in among if every[r] != every[self.rank]], "different arguments"
+        bad, text = found
+        raise ShmWaitError("mismatch", bad or list(among), f"{what}: collective mismatch: {text}")
 
     def finish(self, k: int) -> None:
         """After reading round ``k``: say so (its slots may be rewritten in round ``k + 2``)."""

@@ -1,0 +1,149 @@
+"""Collective fingerprints: what every rank must agree on before any data is combined.
+
+A fingerprint describes one collective call: the op, the dtype, the element count (or
+a digest of the per-rank sizes), the root and the reduce op, plus the communicator's
+collective sequence number.  Every transport exchanges fingerprints in the first round
+of every collective (shm: the meta line of the round; gloo: a fixed-size header that
+gloo sees before any size the user chose), so disagreeing ranks all raise
+``CollectiveMismatchError`` naming who passed what, and gloo never sees mismatched
+sizes (it aborts the process on those).
+
+The encoding is a few int64 words, equal on every process for equal arguments (no
+``hash()`` randomisation of strings is involved: only ints are hashed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from torchcomms.types import RedOpType, ReduceOp
+
+OP_NAMES = (
+    "",
+    "all_reduce",
+    "reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_v",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "reduce_scatter_v",
+    "all_to_all",
+    "all_to_all_v",
+    "barrier",
+)
+(
+    ALL_REDUCE,
+    REDUCE,
+    BROADCAST,
+    ALL_GATHER,
+    ALL_GATHER_V,
+    GATHER,
+    SCATTER,
+    REDUCE_SCATTER,
+    REDUCE_SCATTER_V,
+    ALL_TO_ALL,
+    ALL_TO_ALL_V,
+    BARRIER,
+) = range(1, len(OP_NAMES))
+
+# Stable codes (never reorder: the code is what processes compare).
+_DTYPE_LIST = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.uint8,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+    torch.int16,
+    torch.complex64,
+    torch.complex128,
+)
+_DTYPE_CODES = {dt: i for i, dt in enumerate(_DTYPE_LIST)}
+_DTYPES = dict(enumerate(_DTYPE_LIST))
+_NO = 0xFF  # "not part of this op" for dtype / reduce op codes
+_MASK32 = 0xFFFFFFFF
+
+#: The words of a fingerprint: (digest, descriptor, count).  ``digest`` covers everything
+#: and is what the fast path compares; the other two say what differs when it does not.
+Fingerprint = tuple[int, int, int]
+
+
+def make(
+    op: int,
+    dtype: torch.dtype | None,
+    count: int,
+    root: int = -1,
+    redop: ReduceOp | None = None,
+    sizes: Sequence[int] = (),
+) -> Fingerprint:
+    """The fingerprint of one call; ``sizes`` (per-rank sizes of a ``_v`` op) go in ``count``."""
+    dcode = _NO if dtype is None else _DTYPE_CODES.get(dtype, 0xFE)
+    rcode = _NO if redop is None else redop.type.value
+    if sizes:
+        count = hash(tuple(sizes)) & ((1 << 62) - 1)
+    desc = op | dcode << 8 | rcode << 16 | (root & _MASK32) << 24
+    digest = hash((desc, count))
+    return digest, desc, count
+
+
+def fields(fp: Fingerprint, seq: int) -> dict[str, object]:
+    """The named fields of a fingerprint, for a mismatch message."""
+    _, desc, count = fp
+    op = desc & 0xFF
+    dcode = desc >> 8 & 0xFF
+    rcode = desc >> 16 & 0xFF
+    root = desc >> 24 & _MASK32
+    out: dict[str, object] = {"op": OP_NAMES[op] if op < len(OP_NAMES) else f"op#{op}"}
+    out["dtype"] = "none" if dcode == _NO else str(_DTYPES.get(dcode, f"dtype#{dcode}"))
+    out["count" if op not in (ALL_GATHER_V, REDUCE_SCATTER_V) else "sizes"] = count
+    out["root"] = -1 if root == _MASK32 else root
+    out["reduce_op"] = "none" if rcode == _NO else _redop_name(rcode)
+    out["seq"] = seq
+    return out
+
+
+def _redop_name(code: int) -> str:
+    try:
+        return RedOpType(code).name
+    except ValueError:
+        return f"op#{code}"
+
+
+def mismatch(by_rank: Sequence[tuple[Fingerprint, int]]) -> tuple[list[int], str] | None:
+    """``(differing ranks, text)`` when the ranks' ``(fingerprint, seq)`` disagree, else None.
+
+    The text names the first field that differs and who passed which value, the largest
+    group last: ``rank 1 passed root=1, ranks 0, 2, 3 root=0``.
+    """
+    first = by_rank[0]
+    if all(x == first for x in by_rank):
+        return None
+    named = [fields(fp, seq) for fp, seq in by_rank]
+    for key in named[0]:
+        values = [f[key] for f in named]
+        if len(set(map(str, values))) > 1:
+            break
+    else:  # digests differ with equal fields: a hash collision in the sizes digest
+        key, values = "sizes", [fp[2] for fp, _ in by_rank]
+    groups: dict[str, list[int]] = {}
+    for r, v in enumerate(values):
+        groups.setdefault(str(v), []).append(r)
+    ordered = sorted(groups.items(), key=lambda g: (-len(g[1]), g[1][0]))
+    majority = ordered[0][1]
+    differing = sorted(r for r in range(len(by_rank)) if r not in majority)
+    parts = [
+        f"{_ranks(rs)} {'passed ' if i == 0 else ''}{key}={v}"
+        for i, (v, rs) in enumerate(reversed(ordered))
+    ]
+    return differing, ", ".join(parts)
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
