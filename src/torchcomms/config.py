@@ -273,3 +273,22 @@ def shm_wait_policy() -> tuple[int, int, int] | None:
             f"Invalid value for TORCHCOMM_SHM_WAIT: {raw!r} (expected spins,yield_us,sleep_max_us)"
         ) from None
     return spins, yield_us, sleep_us
+
+
+def mismatch_check() -> bool:
+    """``TORCHCOMM_MISMATCH_CHECK`` (default on): exchange every collective's fingerprint.
+
+    Off, the tcp path skips the header call of ops whose data does not ride in it; the
+    shm path's check is free and always on.
+    """
+    return env_bool("TORCHCOMM_MISMATCH_CHECK", True)
+
+
+def liveness_period_s() -> float:
+    """``TORCHCOMM_LIVENESS_PERIOD_MS`` (default 50): how often the tcp path checks peers."""
+    raw = env_int("TORCHCOMM_LIVENESS_PERIOD_MS")
+    if raw is None:
+        return 0.05
+    if raw <= 0:
+        raise ValueError(f"TORCHCOMM_LIVENESS_PERIOD_MS must be > 0, got {raw}")
+    return raw / 1000.0

@@ -6,6 +6,11 @@ from __future__ import annotations
 class CommError(RuntimeError):
     """Base class of every error raised by a communicator."""
 
+    #: The peer ranks this error blames (dead, missing or differing), when known.
+    ranks: tuple[int, ...] = ()
+    #: Those of ``ranks`` whose process is known gone.
+    dead_ranks: tuple[int, ...] = ()
+
 
 class CommValidationError(CommError):
     """An argument of a public call is invalid (wrong size, rank out of range, bad dtype)."""

@@ -12,6 +12,7 @@ from datetime import timedelta
 
 from torchcomms.errors import (
     CollectiveMismatchError,
+    CommAbortedError,
     CommError,
     CommTimeoutError,
     PeerFailureError,
@@ -55,7 +56,9 @@ def typed_error(
     dead = dead_peers()
     if dead:
         # A dead local peer explains a broken connection or a timeout: say so, by rank.
-        return PeerFailureError(prefix + f"{ranks_text(dead)} died (process gone) ({text})"), True
+        error = PeerFailureError(prefix + f"{ranks_text(dead)} died (process gone) ({text})")
+        error.ranks = error.dead_ranks = tuple(dead)
+        return error, True
     if timed_out:
         waiting = f" waiting for {ranks_text(peers)}" if peers else ""
         return CommTimeoutError(
@@ -66,8 +69,15 @@ def typed_error(
 
 
 def _shm_error(exc: ShmWaitError, prefix: str, timeout: timedelta) -> CommError:
+    error: CommError
     if exc.kind == "timeout":
-        return CommTimeoutError(prefix + f"timed out after {timeout.total_seconds():g} s {exc}")
-    if exc.kind == "mismatch":
-        return CollectiveMismatchError(prefix + str(exc))
-    return PeerFailureError(prefix + str(exc))  # dead, peer_failed
+        error = CommTimeoutError(prefix + f"timed out after {timeout.total_seconds():g} s {exc}")
+    elif exc.kind == "mismatch":
+        error = CollectiveMismatchError(prefix + str(exc))
+    elif exc.kind == "aborted":
+        error = CommAbortedError(prefix + str(exc))
+    else:  # dead, peer_failed
+        error = PeerFailureError(prefix + str(exc))
+    error.ranks = tuple(exc.ranks)
+    error.dead_ranks = error.ranks if exc.kind == "dead" else ()
+    return error

@@ -1,29 +1,64 @@
 """``GlooOps``: every op of the CPU backend over one torch ``ProcessGroupGloo`` (TCP).
 
+**The header.**  Every collective starts with one fixed-size gloo all_gather of a
+header (the op's fingerprint and the collective sequence number, ``torchcomms.fingerprint``)
+plus, for small messages, the payload itself (``INLINE_BYTES``).  Since the size is
+fixed, gloo never sees sizes that differ between ranks (it aborts the process on those):
+ranks that called different collectives all raise a mismatch naming who passed what,
+before any data is combined.  Small all_reduce / reduce / broadcast / all_gather and
+barrier finish inside that one call (the reduction runs locally, in rank order, where
+that cannot change a bit of the result), so the check costs them nothing.
+``TORCHCOMM_MISMATCH_CHECK=0`` drops the header from the other ops.
+
+**Waits.**  A gloo wait runs in short slices; between them it checks the abort flag, the
+peers' liveness (``cpu_liveness``) and the op's deadline, so a dead peer or an abort is
+seen within a slice by every survivor, and a timeout names the ranks that never entered
+the op.  gloo's own per-call timeout is a backstop past the deadline.
+
 Reductions gloo lacks (AVG, PREMUL_SUM) and the variable-size collectives are composed
-here from gloo primitives.  Every gloo call gets what is left of the op's deadline, so a
-composite op never waits longer than its timeout.  Point-to-point ops are posted to gloo
-without blocking and waited on by the returned completion, so mutually dependent
-send/recv pairs cannot deadlock.  Runs on the op's thread (see ``cpu_ops``).
+here from gloo primitives.  Point-to-point ops are posted to gloo without blocking and
+waited on by the returned completion, so mutually dependent send/recv pairs cannot
+deadlock.  Runs on the op's thread (see ``cpu_ops``); ``abort`` on any thread.
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch._C._distributed_c10d as c10d
 
+from torchcomms import fingerprint as F
 from torchcomms.backends._host import finish_average, on_host, overlaps
+from torchcomms.backends.cpu_liveness import Liveness
 from torchcomms.backends.cpu_ops import Completion, CpuOps
+from torchcomms.backends.shm_collectives import reduce_rows
 from torchcomms.deadline import Deadline
+from torchcomms.fingerprint import Fingerprint
 from torchcomms.transport import gloo, shm_segment
+from torchcomms.transport.fault import WaitError
+from torchcomms.transport.shm_channel import ranks_text
 from torchcomms.types import P2POp, P2POpType, RedOpType, ReduceOp
 
 # gloo tags are 32-bit: sequence numbers and user tags wrap within 2**30 (even / odd halves).
 _TAG_SPAN = 2**30
+
+_MAGIC = 0x70C0_C0DE
+_HEADER_WORDS = 8  # magic, seq, digest, descriptor, count, 3 spare (int64 each)
+#: Payload bytes that ride in the header call.  A constant, never configurable: every
+#: rank must send the same number of bytes whatever it was asked to do.
+INLINE_BYTES = 1024
+_WORDS = _HEADER_WORDS + INLINE_BYTES // 8
+_HEADER_BYTES = _HEADER_WORDS * 8
+#: One wait slice: how soon a waiting op sees a dead peer, an abort or its deadline.
+_SLICE = timedelta(milliseconds=50)
+#: gloo's own per-call timeout runs this much past the op's deadline (a backstop).
+_GLOO_MARGIN_S = 5.0
+_EXACT_ORDER_FREE = (RedOpType.MAX, RedOpType.MIN, RedOpType.BAND, RedOpType.BOR)
 
 
 def _premultiply(tensor: torch.Tensor, op: ReduceOp) -> None:
@@ -31,31 +66,68 @@ def _premultiply(tensor: torch.Tensor, op: ReduceOp) -> None:
         tensor.mul_(op.factor_value())
 
 
+def _premultiplied(tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+    return tensor * op.factor_value() if op.type is RedOpType.PREMUL_SUM else tensor
+
+
+#: Process groups of failed communicators: a gloo call may still run in one, and
+#: destroying it would join that call's thread (up to gloo's timeout).  Kept to exit.
+_abandoned: list[Any] = []
+
+
 class GlooOps(CpuOps):
     """The flat gloo path: one process group over every member."""
 
     def __init__(
-        self, pg: Any, rank: int, size: int, peers: Sequence[tuple[str, int]], device_desc: str
+        self,
+        pg: Any,
+        rank: int,
+        size: int,
+        peers: Sequence[tuple[str, int]],
+        device_desc: str,
+        liveness: Liveness | None = None,
+        check: bool = True,
     ) -> None:
         self.pg = pg
         self.rank = rank
         self.size = size
         self._peers = list(peers)  # (host identity, pid) per comm rank
-        self.device_desc = device_desc  # which network device, e.g. "loopback: all ranks on this host"
+        self.device_desc = (
+            device_desc  # which network device, e.g. "loopback: all ranks on this host"
+        )
+        self.liveness = liveness
+        self.check = check  # exchange headers on every collective (TORCHCOMM_MISMATCH_CHECK)
+        self.seq = 0  # collectives entered
+        self._aborted = False
         self._send_seq: dict[int, int] = defaultdict(int)
         self._recv_seq: dict[int, int] = defaultdict(int)
+        self._src = torch.zeros(_WORDS, dtype=torch.int64)
+        self._out = torch.zeros(size * _WORDS, dtype=torch.int64)
+        self._src_words = self._src.numpy()
+        self._rows = self._out.numpy().reshape(size, _WORDS)
+        self._src_bytes = self._src.view(torch.uint8)
+        self._out_bytes = self._out.view(torch.uint8).view(size, _WORDS * 8)
 
     def describe(self) -> str:
         return f"tcp ({self.device_desc})"
 
-    def fail(self) -> None:
-        """Nothing to tell: gloo peers see the broken connection or time out themselves."""
+    def fail(self, dead: Sequence[int] = ()) -> None:
+        """Nothing to tell: peers learn of this rank's failure from their own checks."""
+
+    def abort(self) -> None:
+        self._aborted = True  # every wait slice checks it
 
     def close(self, failed: bool) -> None:
+        if self.liveness is not None:
+            self.liveness.close()
+        if failed and self.pg is not None:
+            _abandoned.append(self.pg)  # a gloo op may still run: never destroy it mid-op
         self.pg = None
 
     def dead_peers(self) -> list[int]:
         """Members on this host whose process is gone (a dead remote shows as a closed socket)."""
+        if self.liveness is not None:
+            return list(self.liveness.check_pids())
         me = self._peers[self.rank][0]
         return [
             r
@@ -63,23 +135,155 @@ class GlooOps(CpuOps):
             if r != self.rank and host == me and not shm_segment.process_alive(pid)
         ]
 
+    # -- the header and the waits (see the module docstring) -----------------------------
+    def enter(
+        self,
+        fp: Fingerprint,
+        deadline: Deadline,
+        payload: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
+        """Start a collective: exchange headers (and ``payload``, contiguous, at most
+        ``INLINE_BYTES``); raise a mismatch.  Returns ``[size, bytes]`` rows whose
+        payload starts at ``_HEADER_BYTES``, or None when the check is off."""
+        self.seq += 1
+        if self.liveness is not None:
+            self.liveness.seq = self.seq
+        if payload is None and not self.check:
+            return None
+        words = self._src_words
+        words[0] = _MAGIC
+        words[1] = self.seq
+        words[2], words[3], words[4] = fp
+        if payload is not None and payload.numel():
+            nbytes = payload.numel() * payload.element_size()
+            self._src_bytes[_HEADER_BYTES : _HEADER_BYTES + nbytes].copy_(
+                payload.reshape(-1).view(torch.uint8)
+            )
+        o = c10d.AllgatherOptions()
+        self.arm(o, deadline)
+        self.wait(
+            self.pg._allgather_base(self._out, self._src, o), deadline, F.OP_NAMES[fp[1] & 0xFF]
+        )
+        rows = self._rows
+        heads = rows[:, 1:5]
+        if not (heads == heads[self.rank]).all():
+            by_rank = [((int(r[2]), int(r[3]), int(r[4])), int(r[1])) for r in rows]
+            found = F.mismatch(by_rank)
+            bad, text = found if found is not None else ([], "different headers")
+            what = F.OP_NAMES[fp[1] & 0xFF]
+            raise WaitError("mismatch", bad, f"{what}: collective mismatch: {text}")
+        return self._out_bytes
+
+    def arm(self, gloo_options: Any, deadline: Deadline) -> None:
+        """gloo's own timeout for one call: past the op's deadline, which ``wait`` enforces."""
+        gloo_options.timeout = timedelta(seconds=deadline.left_s() + _GLOO_MARGIN_S)
+
+    def wait(
+        self, work: Any, deadline: Deadline, what: str, peers: Sequence[int] | None = None
+    ) -> None:
+        """Wait for one gloo call in slices; between them: abort, dead peers, the deadline.
+
+        ``peers``: the ranks a point-to-point op waits for (a collective names the ranks
+        that never entered it).
+        """
+        while True:
+            try:
+                work.wait(_SLICE)
+                return
+            except RuntimeError:
+                if work.is_completed():
+                    work.wait()  # the call's own outcome: its error, or it just finished
+                    return
+            self._between_slices(deadline, what, peers)
+
+    def _between_slices(self, deadline: Deadline, what: str, peers: Sequence[int] | None) -> None:
+        if self._aborted:
+            raise WaitError("aborted", [], f"{what}: the communicator was aborted")
+        dead = self.dead_peers()
+        if dead:
+            raise WaitError(
+                "dead",
+                dead,
+                f"{ranks_text(dead)} died (process gone) while this rank waited in {what}",
+            )
+        if time.monotonic() >= deadline.end:
+            raise self._timed_out(what, peers)
+
+    def _timed_out(self, what: str, peers: Sequence[int] | None) -> WaitError:
+        """The timeout, naming who never entered the op (or, else, who is stopped)."""
+        lv = self.liveness
+        if peers is not None:
+            missing = list(peers) if lv is None else lv.missing(1 << 62, peers)
+            missing = missing or list(peers)
+            return WaitError("timeout", missing, f"waiting for {ranks_text(missing)} in {what}")
+        missing = [] if lv is None else lv.missing(self.seq)
+        if missing:
+            return WaitError(
+                "timeout",
+                missing,
+                f"waiting for {ranks_text(missing)}, which never entered {what} "
+                f"(collective #{self.seq} of this comm)",
+            )
+        stopped = [] if lv is None else lv.stopped()
+        if stopped:
+            return WaitError(
+                "timeout", stopped, f"in {what}: {ranks_text(stopped)} stopped (not running)"
+            )
+        return WaitError(
+            "timeout", [], f"in {what}: every rank entered it, but the transport made no progress"
+        )
+
     # -- reductions ----------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, deadline: Deadline) -> None:
-        if tensor.numel() == 0:
-            return
+        fp = F.make(F.ALL_REDUCE, tensor.dtype, tensor.numel(), redop=op)
         with on_host(tensor) as host:
+            if self.inline_reduce(host, op):
+                rows = self.enter(fp, deadline, _premultiplied(host, op))
+                assert rows is not None
+                self._reduce_rows(rows, host, op)
+                finish_average(host, op, self.size)
+                return
+            self.enter(fp, deadline)
+            if host.numel() == 0:
+                return
             o = c10d.AllreduceOptions()
             o.reduceOp = gloo.c10d_op(op, host.dtype)
-            left = gloo.arm(o, deadline)
+            self.arm(o, deadline)
             _premultiply(host, op)
-            self.pg.allreduce([host], o).wait(left)
+            self.wait(self.pg.allreduce([host], o), deadline, "all_reduce")
             finish_average(host, op, self.size)
 
-    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, deadline: Deadline) -> None:
-        if tensor.numel() == 0:
+    def inline_reduce(self, host: torch.Tensor, op: ReduceOp) -> bool:
+        """Whether a reduction rides in the header: small, and the result is gloo's, bit
+        for bit (exact dtypes, order-free ops, or two float32/64 operands)."""
+        if host.numel() * host.element_size() > INLINE_BYTES:
+            return False
+        dtype = host.dtype
+        if not dtype.is_floating_point or op.type in _EXACT_ORDER_FREE:
+            return True
+        return self.size == 2 and dtype in (torch.float32, torch.float64)
+
+    def _reduce_rows(self, rows: torch.Tensor, out: torch.Tensor, op: ReduceOp) -> None:
+        n = out.numel()
+        if n == 0:
             return
+        nbytes = n * out.element_size()
+        data = rows[:, _HEADER_BYTES : _HEADER_BYTES + nbytes].view(out.dtype)
+        reduce_rows(data, out.view(-1), op)
+
+    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, deadline: Deadline) -> None:
+        fp = F.make(F.REDUCE, tensor.dtype, tensor.numel(), root, op)
         with on_host(tensor) as host:
-            self._reduce_into(host, root, op, deadline)
+            if self.inline_reduce(host, op):
+                rows = self.enter(fp, deadline, _premultiplied(host, op))
+                if self.rank == root:
+                    assert rows is not None
+                    self._reduce_rows(rows, host, op)
+                    finish_average(host, op, self.size)
+                return
+            self.enter(fp, deadline)
+            if host.numel():
+                self._reduce_into(host, root, op, deadline)
 
     def _reduce_into(
         self, tensor: torch.Tensor, root: int, op: ReduceOp, deadline: Deadline
@@ -87,9 +291,9 @@ class GlooOps(CpuOps):
         o = c10d.ReduceOptions()
         o.reduceOp = gloo.c10d_op(op, tensor.dtype)
         o.rootRank = root
-        left = gloo.arm(o, deadline)
+        self.arm(o, deadline)
         _premultiply(tensor, op)
-        self.pg.reduce([tensor], o).wait(left)
+        self.wait(self.pg.reduce([tensor], o), deadline, "reduce")
         if self.rank == root:
             finish_average(tensor, op, self.size)
 
@@ -100,6 +304,7 @@ class GlooOps(CpuOps):
         op: ReduceOp,
         deadline: Deadline,
     ) -> None:
+        self.enter(F.make(F.REDUCE_SCATTER, output.dtype, output.numel(), -1, op), deadline)
         if output.numel() == 0:
             return
         flat = torch.cat([t.detach().to("cpu").reshape(-1) for t in input_list])
@@ -109,6 +314,7 @@ class GlooOps(CpuOps):
     def reduce_scatter_single(
         self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, deadline: Deadline
     ) -> None:
+        self.enter(F.make(F.REDUCE_SCATTER, output.dtype, output.numel(), -1, op), deadline)
         if output.numel() == 0:
             return
         src = input.detach().to("cpu").reshape(-1)
@@ -122,8 +328,8 @@ class GlooOps(CpuOps):
             flat_in = flat_in * op.factor_value()  # never scale the caller's input in place
         o = c10d.ReduceScatterOptions()
         o.reduceOp = gloo.c10d_op(op, out.dtype)
-        left = gloo.arm(o, deadline)
-        self.pg._reduce_scatter_base(out, flat_in, o).wait(left)
+        self.arm(o, deadline)
+        self.wait(self.pg._reduce_scatter_base(out, flat_in, o), deadline, "reduce_scatter")
         finish_average(out, op, self.size)
 
     def reduce_scatter_v(
@@ -133,6 +339,8 @@ class GlooOps(CpuOps):
         op: ReduceOp,
         deadline: Deadline,
     ) -> None:
+        sizes = [t.numel() for t in input_list]
+        self.enter(F.make(F.REDUCE_SCATTER_V, output.dtype, 0, -1, op, sizes), deadline)
         for root, chunk in enumerate(input_list):
             if chunk.numel() == 0:
                 continue
@@ -143,16 +351,24 @@ class GlooOps(CpuOps):
 
     # -- rooted --------------------------------------------------------------------------
     def broadcast(self, tensor: torch.Tensor, root: int, deadline: Deadline) -> None:
-        if tensor.numel() == 0:
-            return
+        fp = F.make(F.BROADCAST, tensor.dtype, tensor.numel(), root)
         with on_host(tensor) as host:
+            nbytes = host.numel() * host.element_size()
+            if nbytes <= INLINE_BYTES:
+                rows = self.enter(fp, deadline, host if self.rank == root else None)
+                assert rows is not None
+                if self.rank != root and nbytes:
+                    data = rows[root, _HEADER_BYTES : _HEADER_BYTES + nbytes]
+                    host.view(-1).copy_(data.view(host.dtype))
+                return
+            self.enter(fp, deadline)
             self._broadcast(host, root, deadline)
 
     def _broadcast(self, tensor: torch.Tensor, root: int, deadline: Deadline) -> None:
         o = c10d.BroadcastOptions()
         o.rootRank = root
-        left = gloo.arm(o, deadline)
-        self.pg.broadcast([tensor], o).wait(left)
+        self.arm(o, deadline)
+        self.wait(self.pg.broadcast([tensor], o), deadline, "broadcast")
 
     def scatter(
         self,
@@ -161,17 +377,18 @@ class GlooOps(CpuOps):
         root: int,
         deadline: Deadline,
     ) -> None:
+        self.enter(F.make(F.SCATTER, output.dtype, output.numel(), root), deadline)
         if output.numel() == 0:
             return
         o = c10d.ScatterOptions()
         o.rootRank = root
-        left = gloo.arm(o, deadline)
+        self.arm(o, deadline)
         with on_host(output) as host_out:
             if self.rank == root:
                 srcs = [t.detach().to("cpu").contiguous() for t in input_list]
-                self.pg.scatter([host_out], [srcs], o).wait(left)
+                self.wait(self.pg.scatter([host_out], [srcs], o), deadline, "scatter")
             else:
-                self.pg.scatter([host_out], [], o).wait(left)
+                self.wait(self.pg.scatter([host_out], [], o), deadline, "scatter")
 
     def gather(
         self,
@@ -180,27 +397,26 @@ class GlooOps(CpuOps):
         root: int,
         deadline: Deadline,
     ) -> None:
+        self.enter(F.make(F.GATHER, input.dtype, input.numel(), root), deadline)
         if input.numel() == 0:
             return
         o = c10d.GatherOptions()
         o.rootRank = root
-        left = gloo.arm(o, deadline)
+        self.arm(o, deadline)
         src = input.detach().to("cpu").contiguous()
         if self.rank == root:
             staging = [torch.empty_like(src) for _ in range(self.size)]
-            self.pg.gather([staging], [src], o).wait(left)
+            self.wait(self.pg.gather([staging], [src], o), deadline, "gather")
             for out, got in zip(output_list, staging, strict=True):
                 out.copy_(got.view(out.shape))
         else:
-            self.pg.gather([], [src], o).wait(left)
+            self.wait(self.pg.gather([], [src], o), deadline, "gather")
 
     # -- gathers -------------------------------------------------------------------------
     def all_gather(
         self, output_list: Sequence[torch.Tensor], input: torch.Tensor, deadline: Deadline
     ) -> None:
         n = input.numel()
-        if n == 0:
-            return
         flat = torch.empty(self.size * n, dtype=input.dtype)
         self._all_gather_flat(flat, input, deadline)
         for i, out in enumerate(output_list):
@@ -209,20 +425,33 @@ class GlooOps(CpuOps):
     def all_gather_single(
         self, output: torch.Tensor, input: torch.Tensor, deadline: Deadline
     ) -> None:
-        if input.numel() == 0:
-            return
         with on_host(output) as host_out:
             self._all_gather_flat(host_out.view(-1), input, deadline)
 
-    def _all_gather_flat(self, flat: torch.Tensor, tensor: torch.Tensor, deadline: Deadline) -> None:
-        o = c10d.AllgatherOptions()
-        left = gloo.arm(o, deadline)
+    def _all_gather_flat(
+        self, flat: torch.Tensor, tensor: torch.Tensor, deadline: Deadline
+    ) -> None:
         src = tensor.detach().to("cpu").reshape(-1)
-        self.pg._allgather_base(flat, src, o).wait(left)
+        n = src.numel()
+        fp = F.make(F.ALL_GATHER, src.dtype, n)
+        nbytes = n * src.element_size()
+        if nbytes <= INLINE_BYTES:
+            rows = self.enter(fp, deadline, src.contiguous())
+            assert rows is not None
+            if n:
+                data = rows[:, _HEADER_BYTES : _HEADER_BYTES + nbytes]
+                flat.view(self.size, n).copy_(data.view(src.dtype))
+            return
+        self.enter(fp, deadline)
+        o = c10d.AllgatherOptions()
+        self.arm(o, deadline)
+        self.wait(self.pg._allgather_base(flat, src, o), deadline, "all_gather")
 
     def all_gather_v(
         self, output_list: Sequence[torch.Tensor], input: torch.Tensor, deadline: Deadline
     ) -> None:
+        sizes = [t.numel() for t in output_list]
+        self.enter(F.make(F.ALL_GATHER_V, input.dtype, 0, sizes=sizes), deadline)
         for root in range(self.size):
             target = output_list[root]
             if root == self.rank:
@@ -241,6 +470,9 @@ class GlooOps(CpuOps):
         in_splits: Sequence[int],
         deadline: Deadline,
     ) -> None:
+        even = not in_splits or (len(set(in_splits)) == 1 and list(in_splits) == list(out_splits))
+        count = input.numel() if even else 0
+        self.enter(F.make(F.ALL_TO_ALL if even else F.ALL_TO_ALL_V, input.dtype, count), deadline)
         if not in_splits and input.numel() == 0:
             return
         with on_host(output) as host_out:
@@ -249,13 +481,13 @@ class GlooOps(CpuOps):
             if overlaps(out, src):
                 src = src.clone()  # gloo reads the input while writing the output: never alias
             o = c10d.AllToAllOptions()
-            left = gloo.arm(o, deadline)
-            self.pg.alltoall_base(out, src, list(out_splits), list(in_splits), o).wait(left)
+            self.arm(o, deadline)
+            work = self.pg.alltoall_base(out, src, list(out_splits), list(in_splits), o)
+            self.wait(work, deadline, "all_to_all")
 
     def barrier(self, deadline: Deadline) -> None:
-        o = c10d.BarrierOptions()
-        left = gloo.arm(o, deadline)
-        self.pg.barrier(o).wait(left)
+        """The header exchange is a barrier: every rank's header arrives before any returns."""
+        self.enter(F.make(F.BARRIER, None, 0), deadline, torch.empty(0))
 
     # -- point-to-point ------------------------------------------------------------------
     def post(self, ops: Sequence[P2POp], tag: int | None, deadline: Deadline) -> Completion:
@@ -265,7 +497,9 @@ class GlooOps(CpuOps):
 
         def complete() -> None:
             for work, op, staged in posted:
-                work.wait(deadline.remaining())
+                self.wait(
+                    work, deadline, "send" if op.type is P2POpType.SEND else "recv", [op.peer]
+                )
                 if staged is not op.tensor and op.type is P2POpType.RECV:
                     op.tensor.copy_(staged)
 

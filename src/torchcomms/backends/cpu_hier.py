@@ -46,9 +46,10 @@ import torch
 import torch._C._distributed_c10d as c10d
 
 from torchcomms import config
+from torchcomms import fingerprint as F
 from torchcomms.backends import cpu_shm
 from torchcomms.backends._host import finish_average, on_host
-from torchcomms.backends.cpu_gloo import GlooOps
+from torchcomms.backends.cpu_gloo import INLINE_BYTES, GlooOps
 from torchcomms.backends.cpu_ops import Completion, CpuOps
 from torchcomms.backends.shm_collectives import ShmCollectives
 from torchcomms.deadline import Deadline
@@ -189,10 +190,15 @@ class HierOps(CpuOps):
             f"{self.small_max} B{', sharded above' if t.even else ' (uneven hosts)'}"
         )
 
-    def fail(self) -> None:
+    def fail(self, dead: Sequence[int] = ()) -> None:
         """Tell my host's peers this rank failed, so they stop waiting for it."""
         if self.local is not None:
             self.local.chan.set_state(STATE_FAILED)
+
+    def abort(self) -> None:
+        self.flat.abort()
+        if self.local is not None:
+            self.local.chan.abort()
 
     def close(self, failed: bool) -> None:
         local, self.local = self.local, None
@@ -227,13 +233,17 @@ class HierOps(CpuOps):
     def _gloo_all_reduce(self, flat: torch.Tensor, op: ReduceOp, deadline: Deadline) -> None:
         o = c10d.AllreduceOptions()
         o.reduceOp = gloo.c10d_op(op, flat.dtype)
-        left = gloo.arm(o, deadline)
-        self.cross.allreduce([flat], o).wait(left)
+        self.flat.arm(o, deadline)
+        self.flat.wait(self.cross.allreduce([flat], o), deadline, "all_reduce")
 
     # -- ops -----------------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, deadline: Deadline) -> None:
-        if tensor.numel() == 0:
+        """Small: the flat path's one header call carries the data.  Else every rank's
+        header first (mismatches across hosts), then shm and gloo."""
+        if tensor.numel() == 0 or self.flat.inline_reduce(tensor, op):
+            self.flat.all_reduce(tensor, op, deadline)
             return
+        self.flat.enter(F.make(F.ALL_REDUCE, tensor.dtype, tensor.numel(), redop=op), deadline)
         with on_host(tensor) as host:
             flat = host.view(-1)
             nbytes = flat.numel() * flat.element_size()
@@ -277,9 +287,12 @@ class HierOps(CpuOps):
             flat.copy_(buf[:n])
 
     def broadcast(self, tensor: torch.Tensor, root: int, deadline: Deadline) -> None:
-        """Inside the root's host first, then between leaders, then inside the other hosts."""
-        if tensor.numel() == 0:
+        """Inside the root's host first, then between leaders, then inside the other hosts
+        (small: the flat path's header call; else after every rank's header)."""
+        if tensor.numel() * tensor.element_size() <= INLINE_BYTES:
+            self.flat.broadcast(tensor, root, deadline)
             return
+        self.flat.enter(F.make(F.BROADCAST, tensor.dtype, tensor.numel(), root), deadline)
         topo = self.topo
         root_host = next(h for h, members in enumerate(topo.hosts) if root in members)
         root_local = topo.hosts[root_host].index(root)
@@ -291,22 +304,14 @@ class HierOps(CpuOps):
             if topo.local_rank == 0 and self.cross is not None:
                 o = c10d.BroadcastOptions()
                 o.rootRank = root_host  # the leaders group lists every host, in order
-                left = gloo.arm(o, deadline)
-                self.cross.broadcast([flat], o).wait(left)
+                self.flat.arm(o, deadline)
+                self.flat.wait(self.cross.broadcast([flat], o), deadline, "broadcast")
             if topo.host != root_host and local is not None:
                 self._shm(lambda: local.broadcast(flat, 0, deadline))
 
     def barrier(self, deadline: Deadline) -> None:
-        """Everyone on my host arrives, the leaders meet, then my leader releases my host."""
-        local = self.local
-        if local is not None:
-            self._shm(lambda: local.barrier(deadline))
-        if self.topo.local_rank == 0 and self.cross is not None:
-            o = c10d.BarrierOptions()
-            left = gloo.arm(o, deadline)
-            self.cross.barrier(o).wait(left)
-        if local is not None:
-            self._shm(lambda: local.barrier(deadline))
+        """The flat path's header exchange: a barrier that also checks every rank's call."""
+        self.flat.barrier(deadline)
 
     # -- delegated to the flat gloo path -----------------------------------------------------
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, deadline: Deadline) -> None:

@@ -46,8 +46,9 @@ class CpuOps(abc.ABC):
 
     # -- lifecycle -----------------------------------------------------------------------
     @abc.abstractmethod
-    def fail(self) -> None:
-        """Tell the peers this rank failed, so none of them waits for it any longer."""
+    def fail(self, dead: Sequence[int] = ()) -> None:
+        """Tell the peers this rank failed (because ``dead`` died, if known), so none of
+        them waits for it any longer."""
 
     @abc.abstractmethod
     def close(self, failed: bool) -> None:
@@ -69,9 +70,7 @@ class CpuOps(abc.ABC):
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, deadline: Deadline) -> None: ...
 
     @abc.abstractmethod
-    def reduce(
-        self, tensor: torch.Tensor, root: int, op: ReduceOp, deadline: Deadline
-    ) -> None: ...
+    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, deadline: Deadline) -> None: ...
 
     @abc.abstractmethod
     def reduce_scatter(

@@ -137,8 +137,11 @@ class ShmOps(CpuOps):
             f"{self.chan.layout.slot_bytes >> 10} KiB slots, waits {wait})"
         )
 
-    def fail(self) -> None:
-        self.chan.set_state(STATE_FAILED)
+    def fail(self, dead: Sequence[int] = ()) -> None:
+        self.chan.set_state(STATE_FAILED, dead)
+
+    def abort(self) -> None:
+        self.chan.abort()
 
     def close(self, failed: bool) -> None:
         self.chan.close(STATE_FAILED if failed else STATE_FINALIZED)

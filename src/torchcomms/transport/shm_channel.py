@@ -65,6 +65,7 @@ from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
 from torchcomms.fingerprint import mismatch as fingerprint_mismatch
 from torchcomms.transport import futex, shm_segment
+from torchcomms.transport.fault import WaitError
 
 logger = logging.getLogger("torchcomms.transport.shm")
 
@@ -86,18 +87,15 @@ STATE_OK, STATE_FAILED, STATE_FINALIZED = 0, 1, 2
 _STATE_TEXT = {STATE_FAILED: "failed", STATE_FINALIZED: "finalized the communicator"}
 
 _LIVENESS_PERIOD_S = 0.005
+# Ranks a STATE line can name as the cause of a failure (7 words of 63 bits).
+_CAUSE_BITS = 7 * 63
 # The first deadline/liveness check of a wait: short waits (the common case) never pay for
 # reading /proc; the deadline is still honoured to within a few milliseconds.
 _FIRST_CHECK_S = 0.002
 
 
-class ShmWaitError(RuntimeError):
-    """A wait that cannot finish: ``kind`` is timeout, dead, peer_failed or mismatch."""
-
-    def __init__(self, kind: str, ranks: Sequence[int], message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.ranks = sorted(set(ranks))
+#: The shm transport's waits raise the common transport fault (``transport.fault``).
+ShmWaitError = WaitError
 
 
 class WaitPolicy:
@@ -189,6 +187,7 @@ class ShmChannel:
         self._slots: dict[tuple[object, ...], torch.Tensor] = {}
         self._pids = list(pids)
         self.round = 0
+        self._aborted = False
         #: The communicator's collective sequence number, part of every fingerprint.
         self.op_seq = 0
         # Called while a collective waits past its spin phase (the p2p engine's progress).
@@ -376,10 +375,28 @@ class ShmChannel:
         self.round = k
         self.ring()
 
-    def set_state(self, state: int) -> None:
+    def set_state(self, state: int, dead: Sequence[int] = ()) -> None:
+        """Publish this rank's state; a failure caused by dead peers names them (words 1-7
+        of the line: a bitmask of channel ranks), so waiting peers blame them, not us."""
         if self._mm is not None:
-            self.flags[self.layout.rank_flag(self.rank, STATE)] = state
+            line = self.layout.rank_flag(self.rank, STATE)
+            for r in dead:
+                if 0 <= r < _CAUSE_BITS:
+                    self.flags[line + 1 + r // 63] |= 1 << (r % 63)
+            self.flags[line] = state
             self.ring()
+
+    def abort(self) -> None:
+        """Every wait of this channel, on any thread, raises ``aborted`` at its next check."""
+        self._aborted = True
+
+    def _cause(self, rank: int) -> list[int]:
+        line = self.layout.rank_flag(rank, STATE)
+        return [
+            r
+            for r in range(min(self.size, _CAUSE_BITS))
+            if self.flags[line + 1 + r // 63] >> (r % 63) & 1
+        ]
 
     # -- waiting ---------------------------------------------------------------------------
     def _wait(
@@ -488,15 +505,12 @@ class ShmChannel:
         now: float,
         what: str,
     ) -> None:
+        if self._aborted:
+            raise ShmWaitError("aborted", [], f"the communicator was aborted while waiting {what}")
         ranks = [r for _, r in pending]
         flags = self.flags
         layout = self.layout
-        for i, r in pending:
-            state = flags[layout.rank_flag(r, STATE)]
-            if state != STATE_OK and (i < 0 or flags[i] < value):
-                raise ShmWaitError(
-                    "peer_failed", [r], f"peer rank {r} {_STATE_TEXT.get(state, 'failed')}"
-                )
+        # Dead first: a survivor that failed (or left) because of them must not be blamed.
         dead = [r for r in ranks if not shm_segment.process_alive(self._pids[r])]
         if dead:
             raise ShmWaitError(
@@ -505,6 +519,21 @@ class ShmChannel:
                 f"{ranks_text(dead)} died (process gone) while this rank waited for "
                 f"{'them' if len(dead) > 1 else 'it'} {what}",
             )
+        for i, r in pending:
+            state = flags[layout.rank_flag(r, STATE)]
+            if state != STATE_OK and (i < 0 or flags[i] < value):
+                cause = self._cause(r)
+                gone = [c for c in cause if not shm_segment.process_alive(self._pids[c])]
+                if gone:
+                    raise ShmWaitError(
+                        "dead",
+                        gone,
+                        f"{ranks_text(gone)} died (process gone); peer rank {r} failed on it "
+                        f"while this rank waited {what}",
+                    )
+                raise ShmWaitError(
+                    "peer_failed", [r], f"peer rank {r} {_STATE_TEXT.get(state, 'failed')}"
+                )
         if now >= deadline.end:
             raise ShmWaitError("timeout", ranks, f"waiting for {ranks_text(ranks)} {what}")
 

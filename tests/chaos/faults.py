@@ -1,0 +1,187 @@
+"""Fault trials run on real ranks: each records what every rank saw, for the tests to judge.
+
+A trial returns (or writes, when a rank is killed) one ``Outcome`` per call: the error
+type and text, how long it took, and whether the data came back right.  Integer-valued
+data with a bit-exact oracle: an op that "succeeded" with a wrong value is recorded as
+``wrong``, never as a pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tests.harness import RankContext
+from torchcomms import ReduceOp, TorchComm, new_comm
+
+CPU = torch.device("cpu")
+
+
+def comm_for(ctx: RankContext, name: str, transport: str, timeout_s: float = 30.0) -> TorchComm:
+    return new_comm(
+        "gloo",
+        CPU,
+        name=name,
+        store=ctx.store,
+        timeout=timedelta(seconds=timeout_s),
+        hints={"transport": transport},
+    )
+
+
+def outcome(call: Callable[[], object], check: Callable[[], bool] | None = None) -> dict[str, Any]:
+    """Run ``call``; record the error (type, text, seconds) or whether the result is right."""
+    start = time.monotonic()
+    try:
+        call()
+    except Exception as exc:
+        return {"type": type(exc).__name__, "text": str(exc), "s": time.monotonic() - start}
+    right = True if check is None else bool(check())
+    return {"type": None, "text": "returned", "s": time.monotonic() - start, "wrong": not right}
+
+
+# -- mismatched arguments and skipped ops --------------------------------------------------
+def _mismatch_cases(me: int, world: int) -> dict[str, Callable[[TorchComm], dict[str, Any]]]:
+    """Rank 1 differs in one field; the other ranks agree."""
+    odd = me == 1
+
+    def all_reduce_numel(c: TorchComm) -> dict[str, Any]:
+        t = torch.full((8 if odd else 4,), me + 1, dtype=torch.int64)
+        before = t.clone()
+        o = outcome(lambda: c.all_reduce(t, ReduceOp.SUM, False))
+        o["unchanged"] = torch.equal(t, before)
+        return o
+
+    def all_reduce_large_numel(c: TorchComm) -> dict[str, Any]:
+        t = torch.full((4096 if odd else 2048,), me + 1, dtype=torch.int64)
+        return outcome(lambda: c.all_reduce(t, ReduceOp.SUM, False))
+
+    def dtype(c: TorchComm) -> dict[str, Any]:
+        t = torch.ones(4, dtype=torch.int32 if odd else torch.int64)
+        return outcome(lambda: c.all_reduce(t, ReduceOp.SUM, False))
+
+    def reduce_op(c: TorchComm) -> dict[str, Any]:
+        t = torch.full((4,), me + 1, dtype=torch.int64)
+        before = t.clone()
+        o = outcome(lambda: c.all_reduce(t, ReduceOp.MAX if odd else ReduceOp.SUM, False))
+        o["unchanged"] = torch.equal(t, before)
+        return o
+
+    def root(c: TorchComm) -> dict[str, Any]:
+        t = torch.full((4,), me, dtype=torch.int64)
+        return outcome(lambda: c.broadcast(t, 1 if odd else 0, False))
+
+    def op_kind(c: TorchComm) -> dict[str, Any]:
+        t = torch.ones(4, dtype=torch.int64)
+        if odd:
+            out = torch.zeros(4 * world, dtype=torch.int64)
+            return outcome(lambda: c.all_gather_single(out, t, False))
+        return outcome(lambda: c.all_reduce(t, ReduceOp.SUM, False))
+
+    def skipped(c: TorchComm) -> dict[str, Any]:
+        """Rank 1 skips an all_reduce and goes on to the broadcast the others do next."""
+        t = torch.ones(4, dtype=torch.int64)
+        if not odd:
+            o = outcome(lambda: c.all_reduce(t, ReduceOp.SUM, False))
+            if o["type"] is not None:
+                return o
+        return outcome(lambda: c.broadcast(t, 0, False))
+
+    def empty_vs_full(c: TorchComm) -> dict[str, Any]:
+        t = torch.ones(0 if odd else 4, dtype=torch.int64)
+        return outcome(lambda: c.all_reduce(t, ReduceOp.SUM, False))
+
+    return {
+        "all_reduce_numel": all_reduce_numel,
+        "all_reduce_large_numel": all_reduce_large_numel,
+        "dtype": dtype,
+        "reduce_op": reduce_op,
+        "root": root,
+        "op_kind": op_kind,
+        "skipped": skipped,
+        "empty_vs_full": empty_vs_full,
+    }
+
+
+#: The field each mismatch case must name.
+MISMATCH_FIELDS = {
+    "all_reduce_numel": "count=",
+    "all_reduce_large_numel": "count=",
+    "dtype": "dtype=",
+    "reduce_op": "reduce_op=",
+    "root": "root=",
+    "op_kind": "op=",
+    "skipped": "op=",
+    "empty_vs_full": "count=",
+}
+
+
+def mismatches(ctx: RankContext, transport: str) -> dict[str, Any]:
+    """Every mismatch case on a fresh comm; then the comm is poisoned (fails fast)."""
+    seen: dict[str, Any] = {}
+    for key, case in _mismatch_cases(ctx.rank, ctx.world_size).items():
+        comm = comm_for(ctx, f"mm_{key}_{transport}", transport)
+        seen[key] = case(comm)
+        seen[key]["poisoned"] = outcome(lambda comm=comm: comm.barrier(False))
+        ctx.store.set(f"{key}/{ctx.rank}", "1")
+        ctx.store.wait([f"{key}/{r}" for r in range(ctx.world_size)])
+        comm.finalize()
+    return seen
+
+
+# -- killed and stopped peers --------------------------------------------------------------
+def killed(ctx: RankContext, transport: str, position: str, report_dir: str) -> None:
+    """Rank 1 is SIGKILLed before or during an all_reduce; the survivors then run three ops.
+
+    Survivors write what they saw to ``report_dir`` (the dead rank fails the task).
+    """
+    me, world = ctx.rank, ctx.world_size
+    comm = comm_for(ctx, f"kill_{transport}_{position}", transport)
+    t = torch.full((16,), me, dtype=torch.int64)
+    comm.all_reduce(t, ReduceOp.SUM, False)  # connected and working
+    assert int(t[0]) == world * (world - 1) // 2
+    comm.barrier(False)
+    if me == 1:
+        if position == "during":
+            time.sleep(0.3)  # the others are inside the all_reduce by now
+        os.kill(os.getpid(), signal.SIGKILL)
+    if position == "before":
+        time.sleep(0.5)  # rank 1 is gone before the op starts
+    seen: dict[str, Any] = {}
+    x = torch.full((16,), me, dtype=torch.int64)
+    seen["all_reduce"] = outcome(lambda: comm.all_reduce(x, ReduceOp.SUM, False))
+    seen["barrier"] = outcome(lambda: comm.barrier(False))
+    Path(report_dir, f"rank{me}.json").write_text(json.dumps(seen))
+    comm.finalize()
+
+
+def stopped(ctx: RankContext, transport: str, timeout_s: float) -> dict[str, Any]:
+    """Rank 2 is SIGSTOPped (alive, silent); ranks 0 and 1 time out naming it."""
+    me = ctx.rank
+    comm = comm_for(ctx, f"stop_{transport}", transport, timeout_s)
+    comm.barrier(False)
+    ctx.store.set(f"pid/{me}", str(os.getpid()))
+    seen: dict[str, Any] = {}
+    if me == 2:
+        ctx.store.wait(["released"], timedelta(seconds=60))
+        return seen  # stopped, then continued; its comm is abandoned with the others
+    victim = int(ctx.store.get("pid/2").decode())
+    if me == 0:
+        os.kill(victim, signal.SIGSTOP)
+    ctx.store.set(f"stopped_seen/{me}", "1")
+    ctx.store.wait([f"stopped_seen/{r}" for r in (0, 1)])
+    x = torch.ones(4, dtype=torch.int64)
+    seen["all_reduce"] = outcome(lambda: comm.all_reduce(x, ReduceOp.SUM, False))
+    ctx.store.set(f"timed_out/{me}", "1")
+    ctx.store.wait([f"timed_out/{r}" for r in (0, 1)])
+    if me == 0:
+        os.kill(victim, signal.SIGCONT)
+        ctx.store.set("released", "1")
+    return seen
