@@ -58,6 +58,9 @@ _HEADER_BYTES = _HEADER_WORDS * 8
 _SLICE = timedelta(milliseconds=50)
 #: gloo's own per-call timeout runs this much past the op's deadline (a backstop).
 _GLOO_MARGIN_S = 5.0
+#: How long a broken connection waits for a local peer's death to show before it is
+#: reported as a failure of an unnamed peer (a remote peer's death is not seen by pid).
+_ATTRIBUTION_S = 1.0
 _EXACT_ORDER_FREE = (RedOpType.MAX, RedOpType.MIN, RedOpType.BAND, RedOpType.BOR)
 
 
@@ -99,6 +102,7 @@ class GlooOps(CpuOps):
         self.check = check  # exchange headers on every collective (TORCHCOMM_MISMATCH_CHECK)
         self.seq = 0  # collectives entered
         self._aborted = False
+        self._troubled = False  # a gloo call failed or was left running: never destroy pg
         self._send_seq: dict[int, int] = defaultdict(int)
         self._recv_seq: dict[int, int] = defaultdict(int)
         self._src = torch.zeros(_WORDS, dtype=torch.int64)
@@ -120,7 +124,7 @@ class GlooOps(CpuOps):
     def close(self, failed: bool) -> None:
         if self.liveness is not None:
             self.liveness.close()
-        if failed and self.pg is not None:
+        if (failed or self._troubled) and self.pg is not None:
             _abandoned.append(self.pg)  # a gloo op may still run: never destroy it mid-op
         self.pg = None
 
@@ -192,9 +196,38 @@ class GlooOps(CpuOps):
                 return
             except RuntimeError:
                 if work.is_completed():
-                    work.wait()  # the call's own outcome: its error, or it just finished
+                    self._troubled = True  # (if it raises) gloo's pairs may be broken
+                    try:
+                        work.wait()  # the call's own outcome: its error, or it just finished
+                    except RuntimeError as exc:
+                        raise self._explained(exc, what) from exc
+                    self._troubled = False
                     return
-            self._between_slices(deadline, what, peers)
+            try:
+                self._between_slices(deadline, what, peers)
+            except WaitError:
+                self._troubled = True  # the call still runs inside gloo
+                raise
+
+    def _explained(self, exc: RuntimeError, what: str) -> RuntimeError:
+        """A gloo error names no peer: a broken connection is usually a peer that is
+        dying right now, so give its pid a moment to show it (the failure path only)."""
+        text = str(exc).strip()
+        if "closed" not in text.lower() and "reset" not in text.lower():
+            return exc
+        give_up = time.monotonic() + _ATTRIBUTION_S
+        while True:
+            dead = self.dead_peers()
+            if dead:
+                return WaitError(
+                    "dead",
+                    dead,
+                    f"{ranks_text(dead)} died (process gone) while this rank waited in {what} "
+                    f"({text})",
+                )
+            if time.monotonic() >= give_up:
+                return exc
+            time.sleep(0.01)
 
     def _between_slices(self, deadline: Deadline, what: str, peers: Sequence[int] | None) -> None:
         if self._aborted:
