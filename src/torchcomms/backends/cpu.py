@@ -34,6 +34,7 @@ from torchcomms.backends import cpu_errors, cpu_hier, cpu_shm
 from torchcomms.backends._host import CPU_DTYPES
 from torchcomms.backends.contract import CommBackend
 from torchcomms.backends.cpu_gloo import GlooOps
+from torchcomms.backends.cpu_liveness import Liveness
 from torchcomms.backends.cpu_ops import Completion, CpuOps
 from torchcomms.bootstrap import CommStore
 from torchcomms.deadline import Deadline
@@ -163,7 +164,16 @@ class TorchCommGloo(CommBackend):
         pg = gloo.new_process_group(
             c10d.PrefixStore("gloo", store), self._rank, self._size, options.timeout, device
         )
-        flat = GlooOps(pg, self._rank, self._size, self._peers, desc)
+        liveness = Liveness(
+            c10d.PrefixStore("lv", store),
+            self._rank,
+            self._peers,
+            self._name,
+            config.liveness_period_s(),
+        )
+        flat = GlooOps(
+            pg, self._rank, self._size, self._peers, desc, liveness, config.mismatch_check()
+        )
         if mode != "tcp" and cpu_hier.wanted(self._peers) and not cpu_shm.unsupported_reason():
             describe = f"comm={self._name}"
             return cpu_hier.connect(
@@ -222,7 +232,8 @@ class TorchCommGloo(CommBackend):
     def on_failure(self, error: CommError) -> None:
         ops = self._ops
         if ops is not None:
-            ops.fail()  # shm peers see this rank's failed state and stop waiting for it
+            # shm peers see this rank's failed state (and who died) and stop waiting for it
+            ops.fail(error.dead_ranks)
 
     # -- getters and settings --------------------------------------------------------------------
     def get_rank(self) -> int:
