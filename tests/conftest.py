@@ -19,6 +19,11 @@ for _path in (os.path.join(_REPO_ROOT, "src"), _REPO_ROOT):
 
 from tests import harness  # noqa: E402  (needs the sys.path set-up above)
 
+# Tests catch timeouts and peer failures; with upstream's default (on) the library ends the
+# process instead.  Set before any worker is spawned, so every rank and torchrun child
+# inherits it; a test of the process-ending path passes TORCHCOMM_ABORT_ON_ERROR=1 itself.
+os.environ["TORCHCOMM_ABORT_ON_ERROR"] = "0"
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Fail at start-up, not in the middle of a run, on a malformed timeout scale."""

@@ -844,15 +844,16 @@ def test_p2p_and_batch_issue_hooks() -> None:
 def test_abort_hooks() -> None:
     comm = _fake()
     calls: list[str] = []
-    h1 = comm.register_abort_hook(lambda: calls.append("one"))
-    comm.register_abort_hook(lambda: calls.append("two"))
-    assert isinstance(h1, RemovableHandle)
+    comm.register_abort_hook(lambda: calls.append("one"))
+    h2 = comm.register_abort_hook(lambda: calls.append("two"))
+    comm.register_abort_hook(lambda: calls.append("three"))
+    assert isinstance(h2, RemovableHandle)
+    h2.remove()
+    h2.remove()  # a second remove is a no-op
     comm.abort()
-    assert calls == ["one", "two"]
-    h1.remove()
-    calls.clear()
-    comm.abort()
-    assert calls == ["two"]
+    assert calls == ["one", "three"]  # registration order, removed hook skipped
+    comm.abort()  # a second abort is a no-op: the hooks run once
+    assert calls == ["one", "three"]
     comm.finalize()
 
 
@@ -951,6 +952,8 @@ def test_plugin_backend_dispatch() -> None:
     assert len(args) == 3 and args[0] is t and args[1] is op and args[2] is True
     assert work.is_completed(), "returning None means completed"
     work._set_status(WorkStatus.ERROR)  # allowed on Python-created works
+    assert work.is_completed() and work.status() is WorkStatus.ERROR  # failed is finished
+    work._set_status(WorkStatus.INPROGRESS)
     assert not work.is_completed()
 
     waitable = _Waitable()

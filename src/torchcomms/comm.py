@@ -29,7 +29,7 @@ from torchcomms.comm_ops import BatchSendRecv, CommOps
 from torchcomms.errors import CommStateError
 from torchcomms.oprecord import OpObserver
 from torchcomms.state import CommState
-from torchcomms.types import CommOptions, OpName
+from torchcomms.types import AbortReason, CommOptions, OpName
 from torchcomms.work import TorchWork
 
 __all__ = [
@@ -78,7 +78,8 @@ class TorchComm(CommOps):
         return bool(self._backend.is_abort_supported())
 
     def is_aborted(self) -> bool:
-        return bool(self._backend.is_aborted())
+        """True once ``abort()`` succeeded (stays True after ``finalize``)."""
+        return self._aborted or bool(self._backend.is_aborted())
 
     def set_timeout(self, timeout: timedelta) -> None:
         if not isinstance(timeout, timedelta):
@@ -154,21 +155,57 @@ class TorchComm(CommOps):
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def finalize(self) -> None:
-        """Release the communicator; every later call raises."""
+        """Release the communicator; every later call raises.
+
+        After ``abort()`` it releases what is left without waiting for ops stuck in the
+        transport, and a release error is logged rather than raised.
+        """
         if self._status.state is CommState.FINALIZED:
             raise CommStateError(f"{self._impl_name} already finalized (comm {self._safe_name()})")
+        aborted = self._status.state is CommState.ABORTED
         self._run_pre_hooks(OpName.finalize, FINALIZE_OP_ID, hook_args.FinalizePreHookArgs())
         self._status.set(CommState.FINALIZED)
-        self._backend.finalize()
+        if aborted:
+            try:
+                self._backend.finalize()
+            except Exception:
+                logger.debug(
+                    "torchcomms: releasing aborted comm %s raised",
+                    self._safe_name(),
+                    exc_info=True,
+                    extra={"comm": self._safe_name()},
+                )
+        else:
+            self._backend.finalize()
         self._run_post_hooks(FINALIZE_OP_ID, hook_args.FinalizePostHookArgs())
 
-    def abort(self) -> None:
-        """Run the abort hooks, then abort the backend (which may not support it)."""
-        for hook in list(self._abort_hooks.values()):
-            hook()
-        self._backend.abort()
-        if self._status.state is not CommState.FINALIZED:
-            self._status.set(CommState.ABORTED)
+    def abort(self, reason: AbortReason = AbortReason.ABORTED, context: str = "") -> None:
+        """Abort the communicator: local, returns at once, any thread.
+
+        The abort hooks run (once), then the backend aborts: every pending op fails with
+        ``CommAbortedError`` and later ops are refused with it.  A second call does nothing.
+        A backend that cannot abort raises (upstream's "abort not implemented"); the comm
+        is then left as it was, and a later call tries again (the hooks do not rerun).
+        """
+        if not isinstance(reason, AbortReason):
+            raise TypeError(f"abort: reason must be an AbortReason, got {type(reason).__name__}")
+        with self._abort_lock:
+            if self._aborting:
+                return
+            self._aborting = True
+        first_reason = self._abort_info is None
+        try:
+            self._set_abort_info(reason, str(context))
+            self._fire_abort_hooks()
+            self._backend.abort()
+        except BaseException:
+            with self._abort_lock:
+                self._aborting = False
+                if first_reason:
+                    self._abort_info = None
+            raise
+        self._status.abort()
+        self._aborted = True
 
     def reconfigure(
         self,
@@ -256,6 +293,7 @@ def new_comm(
         raise RuntimeError(
             f"[TorchComm]: enable_reconfigure=true is not supported by backend: {backend}"
         )
+    comm_backend.check_device(dev)  # before init: no networking for a device it cannot serve
     impl._set_device_and_options(dev, options)
     comm_backend.init(dev, name, options)
     comm = TorchComm(backend, comm_backend, dev, options)

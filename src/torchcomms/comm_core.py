@@ -11,14 +11,28 @@ One path for every op (collectives, point-to-point, batches, split):
 
 ``split`` takes steps 1 and 2 and creates a communicator instead of calling an op.
 
+Failures and abort: an error that surfaces from the backend while the comm is aborted
+comes out as ``CommAbortedError`` (the original as ``__cause__``).  The first failure a
+backend reports (``CommStatus.failure_listener``, on the failing thread) ends the process
+when ``abort_process_on_timeout_or_error`` is on and it is a timeout or a peer failure:
+the abort hooks run (once; the flight recorder's dumps), a critical log line names comm,
+rank, op and cause, then ``os._exit(ABORT_EXIT_CODE)``.  Validation errors and collective
+mismatches never end the process.  The abort hooks run at most once per communicator,
+whoever triggers them (``abort()`` or that path), on the triggering thread.
+
 Thread-safety follows upstream: a communicator is meant to be driven by one thread;
-``op_id`` allocation and hook registration are thread-safe.
+``op_id`` allocation, hook registration and ``abort()`` are thread-safe.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
+import logging
+import os
+import re
+import sys
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -29,14 +43,21 @@ import torch
 from torchcomms import hook_args
 from torchcomms.backends.base import TorchCommBackend
 from torchcomms.backends.contract import CommBackend
+from torchcomms.errors import CommAbortedError, CommError, CommTimeoutError, PeerFailureError
 from torchcomms.oprecord import OpObserver, OpRecord
 from torchcomms.state import CommState, CommStatus
-from torchcomms.types import CommOptions, OpName, OpOptions
+from torchcomms.types import AbortInfo, AbortReason, CommOptions, OpName, OpOptions
 from torchcomms.validation import Checker
 from torchcomms.work import TorchWork
 
 FINALIZE_OP_ID = 2**64 - 1
+#: The exit code of a process ended by ``abort_process_on_timeout_or_error``.
+ABORT_EXIT_CODE = 86
 _READY = CommState.READY
+_ZERO = timedelta(0)
+_ABORTED = CommState.ABORTED
+
+logger = logging.getLogger("torchcomms.comm_core")
 
 _op_ids = itertools.count()
 _op_id_lock = threading.Lock()
@@ -52,6 +73,14 @@ PostHook = Callable[[int, Any], None]
 AbortHook = Callable[[], None]
 #: Calls the backend for one op, given its resolved options.
 BackendCall = Callable[[OpOptions], TorchWork]
+
+
+def _exit_process(code: int) -> None:
+    """End the process at once (no atexit, no finalizers): other threads may be stuck."""
+    os._exit(code)
+
+
+_OP_IN_MESSAGE = re.compile(r"\] (\w+)")
 
 
 class RemovableHandle:
@@ -88,6 +117,12 @@ class CommCore:
         self._abort_hooks: dict[int, AbortHook] = {}
         self._checkers: dict[str, Checker] = {}
         self._observers: tuple[OpObserver, ...] = ()
+        self._abort_lock = threading.Lock()
+        self._abort_info: AbortInfo | None = None  # the first reason wins
+        self._abort_hooks_fired = False
+        self._aborting = False  # an abort() call got past its once-check (TorchComm.abort)
+        self._aborted = False  # abort() succeeded
+        self._status.failure_listener = self._on_failure
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -138,6 +173,81 @@ class CommCore:
         for hook in list(self._post_hooks.values()):
             hook(op_id, args)
 
+    def _fire_abort_hooks(self) -> bool:
+        """Run the abort hooks unless they ran already; a raising hook is logged, not raised."""
+        with self._abort_lock:
+            if self._abort_hooks_fired:
+                return False
+            self._abort_hooks_fired = True
+        for hook in list(self._abort_hooks.values()):
+            try:
+                hook()
+            except Exception:
+                logger.exception(
+                    "torchcomms: an abort hook of comm %s raised",
+                    self._safe_name(),
+                    extra={"comm": self._safe_name()},
+                )
+        return True
+
+    def _set_abort_info(self, reason: AbortReason, context: str) -> None:
+        with self._abort_lock:
+            if self._abort_info is None:
+                self._abort_info = AbortInfo(reason, context)
+
+    def get_abort_info(self) -> AbortInfo | None:
+        """Why the comm was aborted (the first reason given), or ``None`` if it was not."""
+        return self._abort_info
+
+    # -- failures --------------------------------------------------------------------------------
+    def _on_failure(self, error: CommError) -> None:
+        """The comm's first failure (any thread): end the process if the options say so."""
+        if not self._options.abort_process_on_timeout_or_error:
+            return
+        if not isinstance(error, (CommTimeoutError, PeerFailureError)):
+            return
+        timed_out = isinstance(error, CommTimeoutError)
+        self._set_abort_info(
+            AbortReason.TIMED_OUT if timed_out else AbortReason.NETWORK_ERROR, str(error)
+        )
+        self._fire_abort_hooks()  # e.g. the flight recorder dumps its buffer
+        name = self._safe_name()
+        try:
+            rank: Any = self._backend.get_rank()
+        except Exception:
+            rank = "?"
+        found = _OP_IN_MESSAGE.search(str(error))
+        op = found.group(1) if found else "?"
+        logger.critical(
+            "torchcomms: comm %s rank %s: %s %s; ending the process with exit code %d "
+            "(abort_process_on_timeout_or_error is on; TORCHCOMM_ABORT_ON_ERROR=0 raises "
+            "the error instead): %s",
+            name,
+            rank,
+            op,
+            "timed out" if timed_out else "lost a peer",
+            ABORT_EXIT_CODE,
+            error,
+            extra={"comm": name, "rank": rank, "op": op, "exit_code": ABORT_EXIT_CODE},
+        )
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        _exit_process(ABORT_EXIT_CODE)
+
+    def _surfaced(self, name: OpName, exc: BaseException) -> BaseException:
+        """The error a failed op raises: ``CommAbortedError`` once the comm was aborted."""
+        if (
+            self._status.state is not _ABORTED
+            or isinstance(exc, CommAbortedError)
+            or not isinstance(exc, Exception)
+        ):
+            return exc
+        return CommAbortedError(
+            f"{self._prefix(name.name)}the communicator was aborted while the op was running "
+            f"({type(exc).__name__}: {exc})"
+        )
+
     # -- the issue path ----------------------------------------------------------------------------
     def _prefix(self, op: str) -> str:
         rank = self._backend.get_rank() if not self._finalized else "?"
@@ -173,8 +283,9 @@ class CommCore:
             raise TypeError(
                 f"{self._prefix(op)}timeout must be a timedelta, got {type(timeout).__name__}"
             )
-        if timeout <= timedelta(0):
-            return self._options.timeout
+        if timeout <= _ZERO:
+            # As for new_comm and set_timeout: every wait has a deadline, none is "forever".
+            raise ValueError(f"{self._prefix(op)}timeout must be positive, got {timeout}")
         return timeout
 
     def _begin(
@@ -208,7 +319,13 @@ class CommCore:
         options = OpOptions(resolved, dict(hints) if hints else {}, name.name, op_id)
         observers = self._observers
         if not observers:
-            work = call(options)
+            try:
+                work = call(options)
+            except BaseException as exc:
+                error = self._surfaced(name, exc)
+                if error is exc:
+                    raise
+                raise error from exc
         else:
             record = OpRecord(self, name, op_id, pre_args, resolved, observers, call_args)
             try:
@@ -216,8 +333,11 @@ class CommCore:
                 record._scheduled()
                 work = call(options)
             except BaseException as exc:
-                record._failed(exc)
-                raise
+                error = self._surfaced(name, exc)
+                record._failed(error)
+                if error is exc:
+                    raise
+                raise error from exc
             record._issued(work)
         if self._post_hooks:
             self._run_post_hooks(op_id, post_args(work))

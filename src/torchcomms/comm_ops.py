@@ -14,7 +14,14 @@ import torch
 
 from torchcomms import hook_args
 from torchcomms.comm_core import CommCore
-from torchcomms.types import BatchP2POptions, OpName, P2POp, P2POpType, ReduceOp
+from torchcomms.types import (
+    UNSET_BATCH_TIMEOUT,
+    BatchP2POptions,
+    OpName,
+    P2POp,
+    P2POpType,
+    ReduceOp,
+)
 from torchcomms.work import TorchWork
 
 
@@ -542,12 +549,13 @@ class BatchSendRecv:
             c.tensor(op.tensor)
             c.peer("peer", op.peer, "send to" if op.type is P2POpType.SEND else "recv from")
         opts = options or BatchP2POptions()
+        timeout = None if opts.timeout is UNSET_BATCH_TIMEOUT else opts.timeout
         ops = list(self.ops)
         backend = comm._backend
         return comm._issue(
             OpName.batch_op_issue,
             hook_args.BatchOpIssuePreHookArgs(len(ops), async_op),
-            opts.timeout,
+            timeout,
             opts.hints,
             lambda o: backend.batch_op_issue(ops, async_op, o),
             post_args=hook_args.BatchOpIssuePostHookArgs,

@@ -11,7 +11,11 @@
 * ``error``: the first failure a backend reports (``fail``) is kept as the cause; every
   later op fails fast with an error of the same type that quotes it.  Any thread may
   report (an async op fails on the comm's executor thread); the first report wins.
-* ``aborted`` and ``finalized`` refuse everything but ``finalize`` after abort.
+* ``aborted`` (``abort()``, from any state but ``finalized``) and ``finalized`` refuse
+  every op; ``finalize`` after abort releases what is left, quietly.
+* ``failure_listener`` (set by ``TorchComm``) learns of the first failure once, after the
+  backend's own ``on_failure`` (``CommBackend.report_failure``); it acts on
+  ``abort_process_on_timeout_or_error``.
 
 ``_lock`` guards the transitions; ``check`` reads without it (a stale read only lets one
 op start that will fail on its own).
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import threading
+from collections.abc import Callable
 
 from torchcomms.errors import CommAbortedError, CommError, CommStateError
 
@@ -36,11 +41,14 @@ class CommState(enum.Enum):
 class CommStatus:
     """One communicator's state and the cause of its failure (see the module docstring)."""
 
-    __slots__ = ("_lock", "cause", "state")
+    __slots__ = ("_lock", "aborted", "cause", "failure_listener", "state")
 
     def __init__(self, state: CommState = CommState.READY) -> None:
         self.state = state
         self.cause: CommError | None = None
+        #: Sticky, like ``cause``: still true once ``finalize`` moved the state on.
+        self.aborted = False
+        self.failure_listener: Callable[[CommError], None] | None = None
         self._lock = threading.Lock()
 
     def fail(self, error: CommError) -> bool:
@@ -55,6 +63,15 @@ class CommStatus:
     def set(self, state: CommState) -> None:
         with self._lock:
             self.state = state
+
+    def abort(self) -> bool:
+        """Move to ``aborted`` unless finalized or aborted already; True if this call did."""
+        with self._lock:
+            if self.state in (CommState.ABORTED, CommState.FINALIZED):
+                return False
+            self.state = CommState.ABORTED
+            self.aborted = True
+            return True
 
     def check(self, prefix: str, backend: str) -> None:
         """Raise unless ops may run; ``prefix`` is ``[Backend comm=… rank=…] op: ``."""

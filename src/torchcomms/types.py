@@ -204,12 +204,41 @@ class CommOptions:
         )
 
 
+#: ``BatchP2POptions``' default timeout (upstream's ``0 ms``: "use the comm's timeout").
+#: Only this object means "unset"; a zero timeout set explicitly is refused like any op's.
+UNSET_BATCH_TIMEOUT = timedelta(0)
+
+
 class BatchP2POptions:
     """Options of ``BatchSendRecv.issue``."""
 
     def __init__(self) -> None:
         self.hints: dict[str, str] = {}
-        self.timeout: timedelta = timedelta(0)
+        self.timeout: timedelta = UNSET_BATCH_TIMEOUT
+
+
+class AbortReason(enum.Enum):
+    """Why a communicator was aborted (``TorchComm.get_abort_info()``)."""
+
+    NONE = 0
+    ABORTED = 1
+    TIMED_OUT = 2
+    BOOTSTRAP_POLL = 3
+    NETWORK_ERROR = 4
+    INTERNAL_ERROR = 5
+
+
+class AbortInfo:
+    """The reason and free-form context of a communicator's abort (the first one wins)."""
+
+    __slots__ = ("context", "reason")
+
+    def __init__(self, reason: AbortReason, context: str = "") -> None:
+        self.reason = reason
+        self.context = context
+
+    def __repr__(self) -> str:
+        return f"AbortInfo(reason={self.reason.name}, context={self.context!r})"
 
 
 class OpOptions:

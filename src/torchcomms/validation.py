@@ -73,7 +73,15 @@ class Checker:
             raise self.fail(
                 f"{what} is on device {t.device}, but the communicator's device is {self.device}"
             )
-        if not t.is_contiguous():
+        try:
+            contiguous = t.is_contiguous()
+        except RuntimeError:  # sparse CSR/CSC/BSR tensors have no notion of contiguity
+            contiguous = False
+        if not contiguous:
+            layout = t.layout
+            if layout is not torch.strided:
+                kind = "a sparse tensor, " if "sparse" in str(layout) else ""
+                raise self.fail(f"{what} must be dense (got {kind}layout {layout})")
             raise self.fail(f"Tensor must be contiguous for Gloo operations ({what})")
         if self.dtypes is not None and t.dtype not in self.dtypes:
             raise self.fail(f"Invalid scalar type {t.dtype} ({what})")

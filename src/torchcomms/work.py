@@ -1,11 +1,17 @@
 """Works: the handle every operation returns, and how errors travel back to ``wait()``.
 
-Concurrency: a work is completed by exactly one producer (the comm's executor
-thread, or the thread that issued a sync op) and waited on by any thread.  The
-producer stores the result or the exception, then sets an ``Event``; ``wait()``
-blocks on that event with a deadline and re-raises the stored exception.  A
-work may carry a *completion* (e.g. "wait for these posted gloo receives"),
-run once by the first ``wait()`` after the producer finished.
+Concurrency: a work is finished once, by the first of: its producer (the comm's
+executor thread, or the thread that issued a sync op), the comm's ``abort()`` (any
+thread, see ``AbortSignal``), or a ``wait()`` that gave up on a stuck executor.  The
+finisher stores the result or the exception under ``_state_lock``, then sets an
+``Event``; later finishes are ignored.  ``wait()`` blocks on that event with a deadline.
+A work may carry a *completion* (e.g. "wait for these posted gloo receives"), run once
+by the first ``wait()`` after the producer finished.
+
+Status: a work that finished is *completed* (``is_completed()`` is True) whether it
+succeeded (``COMPLETED``) or failed (``ERROR``, or ``TIMEDOUT`` for a
+``CommTimeoutError``); ``wait()`` on a failed work re-raises the original error, every
+time it is called.
 
 Done-callbacks (``_add_done_callback``) let observers (the c10d bridge's futures,
 the flight recorder) learn when an op finished without polling: each runs once,
@@ -23,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from torchcomms.errors import CommTimeoutError
+from torchcomms.errors import CommAbortedError, CommTimeoutError
 
 logger = logging.getLogger("torchcomms.work")
 
@@ -40,6 +46,15 @@ class WorkStatus(enum.Enum):
     ERROR = 4
 
 
+#: The states of a work that finished, successfully or not.
+FINISHED = frozenset((WorkStatus.COMPLETED, WorkStatus.TIMEDOUT, WorkStatus.ERROR))
+
+
+def failed_status(error: BaseException) -> WorkStatus:
+    """``TIMEDOUT`` for a timeout, ``ERROR`` for anything else."""
+    return WorkStatus.TIMEDOUT if isinstance(error, CommTimeoutError) else WorkStatus.ERROR
+
+
 class TorchWork:
     """A handle on an issued operation; ``wait()`` blocks until it finished and re-raises its error."""
 
@@ -48,7 +63,8 @@ class TorchWork:
         self._python_created = False
 
     def is_completed(self) -> bool:
-        return self._status is WorkStatus.COMPLETED
+        """True once the op finished, successfully or not (``status()`` tells which)."""
+        return self._status in FINISHED
 
     def status(self) -> WorkStatus:
         return self._status
@@ -85,6 +101,31 @@ class CompletedWork(TorchWork):
     """The work of an operation that already finished when it was returned."""
 
 
+class AbortSignal:
+    """Set once, when the communicator that owns an executor aborts (any thread).
+
+    Works run by that executor consult it in ``wait()``: a completion not yet run is not
+    run, and an error a running completion raises comes out as ``CommAbortedError``.
+    """
+
+    __slots__ = ("is_set",)
+
+    def __init__(self) -> None:
+        self.is_set = False
+
+    def set(self) -> None:
+        self.is_set = True
+
+    @staticmethod
+    def error_for(description: str, cause: BaseException | None = None) -> CommAbortedError:
+        """The error of an op that was pending when its communicator was aborted."""
+        error = CommAbortedError(
+            f"{description}: the communicator was aborted while this op was pending"
+        )
+        error.__cause__ = cause
+        return error
+
+
 class AsyncWork(TorchWork):
     """The work of an operation running in the background (see the module docstring)."""
 
@@ -97,16 +138,21 @@ class AsyncWork(TorchWork):
         self._description = description
         self._timeout_s = timeout_s
         self._done = threading.Event()
+        self._finished = False  # guarded by _state_lock: the first finish wins
+        self._state_lock = threading.Lock()
         self._error: BaseException | None = None
         self._completion: Callable[[], None] | None = None
         self._completion_lock = threading.Lock()
         self._callbacks = _DoneCallbacks(self)
         self._started_at: int | None = None
+        #: The abort signal of the executor that runs this work (set by ``submit``).
+        self._abort: AbortSignal | None = None
 
     # -- producer side -------------------------------------------------------------------
     def _mark_started(self) -> None:
         self._started_at = time.monotonic_ns()
-        self._status = WorkStatus.INPROGRESS
+        if not self._finished:
+            self._status = WorkStatus.INPROGRESS
 
     def _started_ns(self) -> int | None:
         return self._started_at
@@ -119,54 +165,88 @@ class AsyncWork(TorchWork):
 
     def _finish(
         self, error: BaseException | None, completion: Callable[[], None] | None = None
-    ) -> None:
-        self._error = error
-        self._completion = completion
-        if error is not None:
-            self._status = (
-                WorkStatus.TIMEDOUT if isinstance(error, CommTimeoutError) else WorkStatus.ERROR
-            )
-        elif completion is None:
-            self._status = WorkStatus.COMPLETED
+    ) -> bool:
+        """Record the outcome unless the work already finished; True if this call did."""
+        with self._state_lock:
+            if self._finished:
+                return False
+            self._finished = True
+            self._error = error
+            self._completion = completion if error is None else None
+            if error is not None:
+                self._status = failed_status(error)
+            elif completion is None:
+                self._status = WorkStatus.COMPLETED
         # Callbacks run before waiters wake, so an observer can still annotate the error
         # (e.g. with a flight-recorder dump path) before wait() re-raises it.
         if error is not None or completion is None:
             self._fire_callbacks()
         self._done.set()
+        return True
+
+    def _fail_pending(self, error: BaseException) -> bool:
+        """Fail a work that has not finished, or whose completion has not started (abort)."""
+        if self._finish(error):
+            return True
+        if not self._completion_lock.acquire(blocking=False):
+            return False  # a wait() is running the completion; it sees the abort signal
+        try:
+            return self._complete(error)
+        finally:
+            self._completion_lock.release()
+
+    def _complete(self, error: BaseException | None) -> bool:
+        """End the completion stage (caller holds ``_completion_lock``)."""
+        with self._state_lock:
+            if self._completion is None:
+                return False
+            self._error = error
+            self._status = WorkStatus.COMPLETED if error is None else failed_status(error)
+            self._completion = None  # last: wait() reads it before _error, without the lock
+        self._fire_callbacks()
+        return True
 
     # -- consumer side -------------------------------------------------------------------
     def is_completed(self) -> bool:
-        return self._done.is_set() and self._completion is None and self._error is None
+        return self._done.is_set() and self._completion is None
 
     def wait(self) -> None:
-        # The producer enforces the op's own deadline; this bound only guards against a stuck
-        # executor (e.g. an earlier op that never returns), so it is generous.
-        bound = self._timeout_s * 2 + self.STUCK_GRACE_S
-        if not self._done.wait(bound):
-            self._status = WorkStatus.TIMEDOUT
-            raise CommTimeoutError(
-                f"{self._description}: work did not complete within {bound:.0f} s"
-            )
-        if self._error is not None:
-            raise self._error
+        if not self._done.is_set():
+            # The producer enforces the op's own deadline; this bound only guards against a
+            # stuck executor (e.g. an earlier op that never returns), so it is generous.
+            bound = self._timeout_s * 2 + self.STUCK_GRACE_S
+            if not self._done.wait(bound):
+                self._finish(
+                    CommTimeoutError(
+                        f"{self._description}: work did not complete within {bound:.0f} s"
+                    )
+                )
+        if self._completion is None:  # read first: _complete clears it after setting _error
+            if self._error is not None:
+                raise self._error
+            return
         with self._completion_lock:
             completion = self._completion
             if completion is not None:
-                try:
-                    completion()
-                except BaseException as exc:
-                    self._error = exc
-                    self._status = (
-                        WorkStatus.TIMEDOUT
-                        if isinstance(exc, CommTimeoutError)
-                        else WorkStatus.ERROR
-                    )
-                    self._completion = None
-                    self._fire_callbacks()
-                    raise
-                self._completion = None
-                self._status = WorkStatus.COMPLETED
-                self._fire_callbacks()
+                abort = self._abort
+                if abort is not None and abort.is_set:
+                    self._complete(abort.error_for(self._description))
+                else:
+                    try:
+                        completion()
+                    except BaseException as exc:
+                        error = exc
+                        if (
+                            abort is not None
+                            and abort.is_set
+                            and not isinstance(exc, CommAbortedError)
+                        ):
+                            error = abort.error_for(self._description, exc)
+                        self._complete(error)
+                    else:
+                        self._complete(None)
+        if self._error is not None:
+            raise self._error
 
     def exception(self) -> BaseException | None:
         return self._error
@@ -232,10 +312,13 @@ class PythonBackendWork(TorchWork):
 
     def wait(self) -> None:
         if self._waited:
+            if self._error is not None:
+                raise self._error  # the plug-in's wait() ran once; its error sticks
             return
         try:
             self._inner.wait()
         except BaseException as exc:
+            self._waited = True
             self._error = exc
             self._status = WorkStatus.ERROR
             if self._on_error is not None:

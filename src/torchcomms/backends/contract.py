@@ -10,6 +10,11 @@ Failure state lives in ``TorchComm`` (``torchcomms.state``): it hands the backen
 ``CommStatus`` (``bind_status``) before the first op.  A backend reports a failure with
 one call, ``report_failure(error)``; from then on ``TorchComm`` refuses new ops with the
 original cause, and a backend with queued async ops refuses those with ``check_usable``.
+The status's ``failure_listener`` (``TorchComm``'s) then learns of it, once.
+
+``check_device`` is called by ``new_comm`` before ``init``: a device the backend cannot
+serve is refused there, not at the first op.  ``abort`` (when ``is_abort_supported``)
+must be local and prompt, callable from any thread, and leave the status ``aborted``.
 """
 
 from __future__ import annotations
@@ -20,12 +25,13 @@ from collections.abc import Callable
 import torch
 
 from torchcomms.backends.base import TorchCommBackend
-from torchcomms.errors import CommError
+from torchcomms.errors import CommError, CommValidationError
 from torchcomms.state import CommStatus
 from torchcomms.types import CommOptions, OpOptions, P2POp, ReduceOp
 from torchcomms.work import TorchWork
 
-#: Called once, with the first failure, after the comm moved to its error state.
+#: Called once, with the first failure, after the comm moved to its error state
+#: (``CommStatus.failure_listener``).
 FailureListener = Callable[[CommError], None]
 
 
@@ -47,8 +53,12 @@ class CommBackend(TorchCommBackend, abc.ABC):
 
     def report_failure(self, error: CommError) -> CommError:
         """Move the comm to its error state (the first report wins); returns ``error``."""
-        if self._status.fail(error):
+        status = self._status
+        if status.fail(error):
             self.on_failure(error)
+            listener = status.failure_listener
+            if listener is not None:
+                listener(error)
         return error
 
     def on_failure(self, error: CommError) -> None:
@@ -57,6 +67,34 @@ class CommBackend(TorchCommBackend, abc.ABC):
     def check_usable(self, prefix: str) -> None:
         """Raise the state error (with the original cause) unless ops may run."""
         self._status.check(prefix, type(self.backend_object()).__name__)
+
+    def check_device(self, device: torch.device) -> None:
+        """Refuse a device this backend cannot serve (raises ``CommValidationError``).
+
+        The default is the host-staging rule of the built-in CPU backend: ``cpu`` always,
+        ``cuda`` when CUDA is available (tensors are staged through host memory).
+        """
+        kind = device.type
+        if kind == "cpu":
+            return
+        if kind == "cuda":
+            if not torch.cuda.is_available():
+                raise CommValidationError(
+                    f"new_comm: device {device} is not available: torch.cuda.is_available() "
+                    f"is False (backend {self.get_backend_name()} serves cpu, and cuda when "
+                    "CUDA is available)"
+                )
+            count = torch.cuda.device_count()
+            if device.index is not None and device.index >= count:
+                raise CommValidationError(
+                    f"new_comm: device {device} is not available: this process sees {count} "
+                    "CUDA device(s)"
+                )
+            return
+        raise CommValidationError(
+            f"new_comm: backend {self.get_backend_name()} cannot serve device {device} "
+            "(it serves cpu, and cuda when CUDA is available)"
+        )
 
     def backend_object(self) -> TorchCommBackend:
         """What ``TorchComm.get_backend_impl()`` returns (a plug-in's own instance)."""
@@ -85,9 +123,7 @@ class CommBackend(TorchCommBackend, abc.ABC):
     ) -> TorchWork: ...
 
     @abc.abstractmethod
-    def batch_op_issue(
-        self, ops: list[P2POp], async_op: bool, options: OpOptions
-    ) -> TorchWork: ...
+    def batch_op_issue(self, ops: list[P2POp], async_op: bool, options: OpOptions) -> TorchWork: ...
 
     @abc.abstractmethod
     def broadcast(

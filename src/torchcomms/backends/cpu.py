@@ -224,7 +224,7 @@ class TorchCommGloo(CommBackend):
             executor.close(join_timeout_s)
         ops, self._ops = self._ops, None
         if ops is not None:
-            ops.close(failed=self._status.state is CommState.ERROR)
+            ops.close(failed=self._status.cause is not None or self._status.aborted)
         if self._store is not None:
             self._store.close()
         self._store = None
@@ -234,6 +234,37 @@ class TorchCommGloo(CommBackend):
         if ops is not None:
             # shm peers see this rank's failed state (and who died) and stop waiting for it
             ops.fail(error.dead_ranks)
+
+    # -- abort -----------------------------------------------------------------------------------
+    def is_abort_supported(self) -> bool:
+        return True
+
+    def is_aborted(self) -> bool:
+        return self._status.state is CommState.ABORTED
+
+    def abort(self) -> None:
+        """Local and prompt, from any thread: pending ops fail with ``CommAbortedError``.
+
+        The state moves to ``aborted`` first (later ops are refused, errors that surface
+        from running ops are reported as aborts), then the executor fails every queued
+        and running work at once (their ``wait()`` returns even if the transport does not),
+        then the transport makes its waits raise.  Nothing here joins a thread.
+        """
+        self._status.abort()
+        executor = self._executor
+        if executor is not None:
+            executor.abort()
+        ops = self._ops
+        if ops is not None:
+            try:
+                ops.abort()
+            except Exception:
+                logger.warning(
+                    "transport abort of comm %s raised",
+                    self._name,
+                    exc_info=True,
+                    extra={"comm": self._name, "rank": self._rank},
+                )
 
     # -- getters and settings --------------------------------------------------------------------
     def get_rank(self) -> int:

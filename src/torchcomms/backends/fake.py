@@ -48,6 +48,9 @@ class TorchCommFake(CommBackend):
     def abort(self) -> None:
         pass
 
+    def check_device(self, device: torch.device) -> None:
+        """Any device: the fake backend never touches data."""
+
     def set_timeout(self, timeout: Any) -> None:
         self._options.timeout = timeout
 

@@ -74,6 +74,9 @@ class PluginBackend(CommBackend):
     def is_abort_supported(self) -> bool:
         return self.plugin.is_abort_supported()
 
+    def check_device(self, device: torch.device) -> None:
+        """A plug-in decides for itself which devices it serves (in its ``init``)."""
+
     def is_aborted(self) -> bool:
         return self.plugin.is_aborted()
 
