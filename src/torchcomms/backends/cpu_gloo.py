@@ -23,9 +23,11 @@ deadlock.  Runs on the op's thread (see ``cpu_ops``); ``abort`` on any thread.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -56,6 +58,7 @@ _WORDS = _HEADER_WORDS + INLINE_BYTES // 8
 _HEADER_BYTES = _HEADER_WORDS * 8
 #: One wait slice: how soon a waiting op sees a dead peer, an abort or its deadline.
 _SLICE = timedelta(milliseconds=50)
+_SLICE_S = _SLICE.total_seconds()
 #: gloo's own per-call timeout runs this much past the op's deadline (a backstop).
 _GLOO_MARGIN_S = 5.0
 #: How long a broken connection waits for a local peer's death to show before it is
@@ -103,6 +106,7 @@ class GlooOps(CpuOps):
         self.seq = 0  # collectives entered
         self._aborted = False
         self._troubled = False  # a gloo call failed or was left running: never destroy pg
+        self._p2p_pool: ThreadPoolExecutor | None = None  # waits on send/recv works
         self._send_seq: dict[int, int] = defaultdict(int)
         self._recv_seq: dict[int, int] = defaultdict(int)
         self._src = torch.zeros(_WORDS, dtype=torch.int64)
@@ -124,6 +128,9 @@ class GlooOps(CpuOps):
     def close(self, failed: bool) -> None:
         if self.liveness is not None:
             self.liveness.close()
+        pool, self._p2p_pool = self._p2p_pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)  # a helper stuck in gloo ends at its call's timeout
         if (failed or self._troubled) and self.pg is not None:
             _abandoned.append(self.pg)  # a gloo op may still run: never destroy it mid-op
         self.pg = None
@@ -208,6 +215,35 @@ class GlooOps(CpuOps):
             except WaitError:
                 self._troubled = True  # the call still runs inside gloo
                 raise
+
+    def _wait_p2p(self, work: Any, deadline: Deadline, what: str, peer: int) -> None:
+        """A gloo send/recv work has no future, and a timed wait on it closes the pair, so
+        it is waited on by a helper thread while this thread checks in slices."""
+        done = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                work.wait(timedelta(seconds=deadline.left_s() + _GLOO_MARGIN_S))
+            except BaseException as exc:  # handed to the op thread
+                failure.append(exc)
+            finally:
+                done.set()
+
+        pool = self._p2p_pool
+        if pool is None:
+            pool = self._p2p_pool = ThreadPoolExecutor(4, f"torchcomms-gloo-p2p-{self.rank}")
+        pool.submit(run)
+        while not done.wait(_SLICE_S):
+            try:
+                self._between_slices(deadline, what, [peer])
+            except WaitError:
+                self._troubled = True  # the helper still waits inside gloo
+                raise
+        if failure:
+            self._troubled = True
+            exc = failure[0]
+            raise self._explained(exc, what) if isinstance(exc, RuntimeError) else exc
 
     def _explained(self, exc: RuntimeError, what: str) -> RuntimeError:
         """A gloo error names no peer: a broken connection is usually a peer that is
@@ -530,9 +566,8 @@ class GlooOps(CpuOps):
 
         def complete() -> None:
             for work, op, staged in posted:
-                self.wait(
-                    work, deadline, "send" if op.type is P2POpType.SEND else "recv", [op.peer]
-                )
+                what = "send" if op.type is P2POpType.SEND else "recv"
+                self._wait_p2p(work, deadline, what, op.peer)
                 if staged is not op.tensor and op.type is P2POpType.RECV:
                     op.tensor.copy_(staged)
 
