@@ -137,12 +137,17 @@ def mismatches(ctx: RankContext, transport: str) -> dict[str, Any]:
 
 
 # -- killed and stopped peers --------------------------------------------------------------
-def killed(ctx: RankContext, transport: str, position: str, report_dir: str) -> None:
-    """Rank 1 is SIGKILLed before or during an all_reduce; the survivors then run three ops.
+def killed(
+    ctx: RankContext, transport: str, position: str, report_dir: str, hosts: tuple[int, ...] = ()
+) -> None:
+    """Rank 1 is SIGKILLed before or during an all_reduce; the survivors then run two ops.
 
+    ``hosts[r]`` simulates rank r's host (``TORCHCOMM_HOST_ID``); empty: one host.
     Survivors write what they saw to ``report_dir`` (the dead rank fails the task).
     """
     me, world = ctx.rank, ctx.world_size
+    if hosts:
+        os.environ["TORCHCOMM_HOST_ID"] = f"chaos-host-{hosts[me]}"
     comm = comm_for(ctx, f"kill_{transport}_{position}", transport)
     t = torch.full((16,), me, dtype=torch.int64)
     comm.all_reduce(t, ReduceOp.SUM, False)  # connected and working

@@ -39,14 +39,35 @@ def test_every_rank_names_a_mismatch_before_data_is_combined(transport: str) -> 
             assert "earlier failure" in poisoned["text"], (key, rank, poisoned)
 
 
+#: (transport, simulated host of each rank): one host; every rank on its own host (the
+#: dead rank's non-neighbours learn through the side-connection ring); two hosts of two
+#: (hierarchical: shm inside, gloo between).
+PLACEMENTS = {
+    "shm": ("shm", ()),
+    "tcp": ("tcp", ()),
+    "tcp-4hosts": ("tcp", (0, 1, 2, 3)),
+    "hier-2x2": ("auto", (0, 0, 1, 1)),
+}
+
+
 @pytest.mark.parametrize("position", ("before", "during"))
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("placement", PLACEMENTS)
 def test_every_survivor_names_exactly_the_killed_rank(
-    transport: str, position: str, tmp_path: Path
+    placement: str, position: str, tmp_path: Path
 ) -> None:
     world = 4
+    transport, hosts = PLACEMENTS[placement]
     with pytest.raises(RankFailure) as info:
-        run_ranks(faults.killed, world, transport, position, str(tmp_path), timeout=120, fresh=True)
+        run_ranks(
+            faults.killed,
+            world,
+            transport,
+            position,
+            str(tmp_path),
+            hosts,
+            timeout=120,
+            fresh=True,
+        )
     failure = info.value
     assert set(failure.died) == {1} and "SIGKILL" in failure.died[1], str(failure)
     assert not failure.timed_out and not failure.errors, str(failure)

@@ -54,7 +54,12 @@ from torchcomms.backends.cpu_ops import Completion, CpuOps
 from torchcomms.backends.shm_collectives import ShmCollectives
 from torchcomms.deadline import Deadline
 from torchcomms.transport import gloo
-from torchcomms.transport.shm_channel import STATE_FAILED, STATE_FINALIZED, ShmWaitError
+from torchcomms.transport.shm_channel import (
+    STATE_FAILED,
+    STATE_FINALIZED,
+    ShmWaitError,
+    ranks_text,
+)
 from torchcomms.types import P2POp, RedOpType, ReduceOp
 
 #: "peer rank 1", "ranks 0, 2" in shm wait errors (host-local ranks, renamed to comm ranks).
@@ -216,6 +221,13 @@ class HierOps(CpuOps):
         try:
             call()
         except ShmWaitError as exc:
+            lv = self.flat.liveness
+            if exc.kind == "peer_failed" and lv is not None and lv.check_pids():
+                # A host peer failed because a rank elsewhere died: blame the dead.
+                dead = list(lv.dead)
+                raise ShmWaitError(
+                    "dead", dead, f"{ranks_text(dead)} died (process gone); {exc}"
+                ) from exc
             members = self.topo.hosts[self.topo.host]
 
             def to_comm(m: re.Match[str]) -> str:

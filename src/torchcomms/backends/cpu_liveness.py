@@ -7,6 +7,15 @@ rank's ring neighbours, so the tcp and hierarchical paths keep their own facts:
   watcher thread every ``period_s``; an op waiting in gloo polls ``dead`` between
   short wait slices, so every survivor learns within about a period, whether or not it
   talks to the dead rank.
+* **Dead peers on other hosts**, from a ring of side connections (only when the members
+  span hosts): each rank listens on one socket and connects to its successor, so every
+  rank is watched by its two ring neighbours at no cost while nothing happens (the
+  watcher blocks in ``select``).  A connection that ends without the peer's goodbye
+  (``BYE``, sent by ``close``) means its process is gone: the watcher marks it dead,
+  tells its neighbours (``DEAD r``; each forwards what is news to it, so the whole ring
+  learns in a few hops) and, if it lost its successor, connects to the next live rank.
+  A peer that is alive but silent (stopped, a cut link) is not declared dead: the op's
+  timeout names it.
 * **Who entered which op**: the op thread bumps ``seq`` as it enters a collective (a
   plain int store, no lock); the watcher publishes it to the store when it changed
   (``lv/seq/{rank}``: one ``set`` per period at most, O(1) per rank).  On a timeout the
@@ -20,14 +29,19 @@ watcher within a period.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import selectors
+import socket
 import threading
 import time
 from collections.abc import Sequence
 
 import torch._C._distributed_c10d as c10d
 
+from torchcomms import config
 from torchcomms.transport import shm_segment
+from torchcomms.transport.gloo import underlying_tcp_host
 
 logger = logging.getLogger("torchcomms.backends.cpu_liveness")
 
@@ -68,13 +82,19 @@ class Liveness:
         #: Ranks whose process is known gone, sorted.
         self.dead: tuple[int, ...] = ()
         self._stop = threading.Event()
+        self._ring = _Ring(self, store, peers) if len({h for h, _ in peers}) > 1 else None
         self._thread = threading.Thread(
             target=self._watch, name=f"torchcomms-liveness-{name}", daemon=True
         )
         self._thread.start()
 
     def _watch(self) -> None:
-        while not self._stop.wait(self._period_s):
+        ring = self._ring
+        while not self._stop.is_set():
+            if ring is not None:
+                ring.poll(self._period_s)
+            elif self._stop.wait(self._period_s):
+                break
             self.check_pids()
             seq = self.seq
             if seq != self._published:
@@ -83,11 +103,27 @@ class Liveness:
                     self._published = seq
                 except Exception:  # the store's host may be gone; pids still tell
                     logger.debug("liveness: publishing seq failed", exc_info=True)
+        if ring is not None:
+            ring.close()
+
+    def mark_dead(self, ranks: Sequence[int]) -> list[int]:
+        """Add ``ranks`` to ``dead``; return those that are news (watcher thread)."""
+        news = sorted(set(ranks) - set(self.dead) - {self.rank})
+        if news:
+            self.dead = tuple(sorted(set(self.dead) | set(news)))
+            logger.warning(
+                "peer rank(s) %s of this communicator died",
+                ", ".join(map(str, news)),
+                extra={"rank": self.rank, "dead": news},
+            )
+        return news
 
     def check_pids(self) -> tuple[int, ...]:
         """Refresh and return ``dead`` from the local peers' pids."""
-        dead = tuple(r for r, pid in self._local if not shm_segment.process_alive(pid))
-        if dead != self.dead and dead:
+        dead = [
+            r for r, pid in self._local if r not in self.dead and not shm_segment.process_alive(pid)
+        ]
+        if dead:
             self.dead = tuple(sorted(set(self.dead) | set(dead)))
         return self.dead
 
@@ -117,3 +153,150 @@ class Liveness:
 
     def close(self) -> None:
         self._stop.set()
+
+
+class _Conn:
+    """One side connection: the peer's rank (once it said ``HI``) and unparsed bytes."""
+
+    __slots__ = ("peer", "pending")
+
+    def __init__(self, peer: int | None) -> None:
+        self.peer = peer
+        self.pending = b""
+
+
+class _Ring:
+    """The side connections of a multi-host communicator (watcher thread only)."""
+
+    def __init__(
+        self, owner: Liveness, store: c10d.Store, peers: Sequence[tuple[str, int]]
+    ) -> None:
+        self.owner = owner
+        self.rank = owner.rank
+        self.size = len(peers)
+        self.store = store
+        self.sel = selectors.DefaultSelector()
+        host = _my_address(store)
+        self.listener = socket.create_server((host, 0), backlog=16)
+        self.listener.setblocking(False)
+        self.sel.register(self.listener, selectors.EVENT_READ, None)
+        store.set(f"addr/{self.rank}", f"{host}:{self.listener.getsockname()[1]}")
+        self.conns: dict[socket.socket, _Conn] = {}
+        self.succ: socket.socket | None = None
+        self._connect_successor(self.rank)
+
+    def _connect_successor(self, after: int) -> None:
+        """Connect to the first live rank after ``after`` (ranks refusing are dead)."""
+        owner = self.owner
+        r = (after + 1) % self.size
+        while r != self.rank:
+            if r not in owner.dead:
+                try:
+                    self.store.wait([f"addr/{r}"])
+                    host, _, port = self.store.get(f"addr/{r}").decode().rpartition(":")
+                    sock = socket.create_connection((host, int(port)), timeout=2.0)
+                except ConnectionRefusedError:  # its listener is gone: so is it
+                    self._learned([r])
+                except Exception:
+                    logger.debug("liveness: cannot reach rank %d", r, exc_info=True)
+                    return  # unreachable is not dead; stay without a successor
+                else:
+                    sock.setblocking(False)
+                    sock.sendall(f"HI {self.rank}\n".encode())
+                    self._register(sock, r)
+                    self.succ = sock
+                    return
+            r = (r + 1) % self.size
+
+    def _register(self, sock: socket.socket, peer: int | None) -> None:
+        self.conns[sock] = _Conn(peer)
+        self.sel.register(sock, selectors.EVENT_READ, None)
+
+    def poll(self, timeout_s: float) -> None:
+        for key, _ in self.sel.select(timeout_s):
+            sock = key.fileobj
+            assert isinstance(sock, socket.socket)
+            if sock is self.listener:
+                try:
+                    conn, _ = self.listener.accept()
+                except OSError:
+                    continue
+                conn.setblocking(False)
+                self._register(conn, None)
+                continue
+            try:
+                data = sock.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                data = b""
+            if data:
+                self._handle(sock, data)
+            else:
+                self._lost(sock)
+
+    def _handle(self, sock: socket.socket, data: bytes) -> None:
+        state = self.conns[sock]
+        *lines, state.pending = (state.pending + data).split(b"\n")
+        for line in lines:
+            word, _, arg = line.decode(errors="replace").partition(" ")
+            if word == "HI":
+                state.peer = int(arg)
+            elif word == "DEAD":
+                self._learned([int(x) for x in arg.split(",") if x])
+            elif word == "BYE":
+                state.peer = None  # an orderly close: not a death
+                self._drop(sock)
+                return
+
+    def _lost(self, sock: socket.socket) -> None:
+        peer = self.conns[sock].peer
+        was_succ = sock is self.succ
+        self._drop(sock)
+        if peer is not None:
+            self._learned([peer])
+            if was_succ:
+                self._connect_successor(peer)
+
+    def _drop(self, sock: socket.socket) -> None:
+        if sock is self.succ:
+            self.succ = None
+        self.conns.pop(sock, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(sock)
+        sock.close()
+
+    def _learned(self, ranks: Sequence[int]) -> None:
+        news = self.owner.mark_dead(ranks)
+        if news:
+            self._send(f"DEAD {','.join(map(str, self.owner.dead))}\n".encode())
+
+    def _send(self, msg: bytes) -> None:
+        for sock in list(self.conns):
+            with contextlib.suppress(OSError):
+                sock.send(msg)
+
+    def close(self) -> None:
+        self._send(b"BYE\n")
+        for sock in list(self.conns):
+            self._drop(sock)
+        self.sel.unregister(self.listener)
+        self.listener.close()
+        self.sel.close()
+
+
+def _my_address(store: c10d.Store) -> str:
+    """Where peers on other hosts can reach this rank: the gloo hostname when set, else
+    this host's address on the route to the store's host."""
+    chosen = config.gloo_hostname()
+    if chosen:
+        return chosen
+    target = underlying_tcp_host(store)
+    if target:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((target, 9))  # no packet is sent: only the route is chosen
+                return str(probe.getsockname()[0])
+        except OSError:
+            pass
+    return "0.0.0.0"

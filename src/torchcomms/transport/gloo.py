@@ -92,3 +92,16 @@ def arm(gloo_options: Any, deadline: Deadline) -> timedelta:
     left = deadline.remaining()
     gloo_options.timeout = left
     return left
+
+
+def underlying_tcp_host(store: c10d.Store) -> str | None:
+    """The host of the TCPStore under a (chain of) PrefixStore(s), if any."""
+    current: object = store
+    for _ in range(16):
+        if isinstance(current, c10d.TCPStore):
+            return str(current.host)
+        if isinstance(current, c10d.PrefixStore):
+            current = current.underlying_store
+            continue
+        return None
+    return None
