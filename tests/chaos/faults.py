@@ -190,3 +190,47 @@ def stopped(ctx: RankContext, transport: str, timeout_s: float) -> dict[str, Any
         os.kill(victim, signal.SIGCONT)
         ctx.store.set("released", "1")
     return seen
+
+
+# -- multi-host trials in network namespaces (see test_netns) ------------------------------
+def netns_rank_main() -> None:
+    """One rank of a netns trial, run as ``ip netns exec NS python -c ...``.
+
+    Connects, checks an all_reduce, says ``ready`` (a file), waits for ``go`` (the parent
+    has applied the fault), then runs one all_reduce and writes what it saw.
+    """
+    rank = int(os.environ["TORCHCOMM_RANK"])
+    size = int(os.environ["TORCHCOMM_SIZE"])
+    out = Path(os.environ["CHAOS_OUT"])
+    store = torch.distributed.TCPStore(
+        os.environ["CHAOS_STORE_ADDR"],
+        int(os.environ["CHAOS_STORE_PORT"]),
+        size,
+        is_master=rank == 0,
+        timeout=timedelta(seconds=60),
+        wait_for_workers=False,
+    )
+    comm = new_comm(
+        "gloo",
+        CPU,
+        name="netns_chaos",
+        store=store,
+        timeout=timedelta(seconds=float(os.environ["CHAOS_TIMEOUT_S"])),
+        hints={"transport": os.environ["CHAOS_TRANSPORT"]},
+    )
+    t = torch.full((64,), rank, dtype=torch.int64)
+    comm.all_reduce(t, ReduceOp.SUM, False)
+    assert int(t[0]) == size * (size - 1) // 2, t
+    comm.barrier(False)
+    (out / f"ready{rank}").write_text(str(os.getpid()))
+    give_up = time.monotonic() + 60
+    while not (out / "go").exists() and time.monotonic() < give_up:
+        time.sleep(0.01)
+    x = torch.full((64,), rank, dtype=torch.int64)
+    seen = {"all_reduce": outcome(lambda: comm.all_reduce(x, ReduceOp.SUM, False))}
+    seen["transport"] = {"type": None, "text": str(comm.get_backend_impl().transport)}  # type: ignore[attr-defined]
+    (out / f"rank{rank}.json").write_text(json.dumps(seen))
+    give_up = time.monotonic() + 60  # stay alive until every survivor reported: an exited
+    while not (out / "done").exists() and time.monotonic() < give_up:  # rank is a dead one
+        time.sleep(0.01)
+    os._exit(0)  # the comm is broken; the trial is over

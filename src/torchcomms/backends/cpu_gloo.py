@@ -282,10 +282,16 @@ class GlooOps(CpuOps):
         """The timeout, naming who never entered the op (or, else, who is stopped)."""
         lv = self.liveness
         if peers is not None:
-            missing = list(peers) if lv is None else lv.missing(1 << 62, peers)
-            missing = missing or list(peers)
-            return WaitError("timeout", missing, f"waiting for {ranks_text(missing)} in {what}")
-        missing = [] if lv is None else lv.missing(self.seq)
+            return WaitError("timeout", peers, f"waiting for {ranks_text(peers)} in {what}")
+        missing = None if lv is None else lv.missing(self.seq)
+        if missing is None and lv is not None and lv.elsewhere():
+            far = lv.elsewhere()
+            return WaitError(
+                "timeout",
+                far,
+                f"waiting in {what}; the store cannot be read, so {ranks_text(far)} on other "
+                "hosts may be unreachable",
+            )
         if missing:
             return WaitError(
                 "timeout",

@@ -47,6 +47,8 @@ logger = logging.getLogger("torchcomms.backends.cpu_liveness")
 
 #: How often the watcher checks pids and publishes this rank's op sequence number.
 PERIOD_S = 0.05
+#: How long a timed-out op may spend asking the store who entered it.
+_STORE_READ_S = 1.0
 
 
 def process_stopped(pid: int) -> bool:
@@ -131,25 +133,32 @@ class Liveness:
         """Local peers that are stopped (state T): alive, but not running."""
         return [r for r, pid in self._local if process_stopped(pid)]
 
-    def missing(self, seq: int, ranks: Sequence[int] | None = None) -> list[int]:
-        """Ranks (of ``ranks``, default all) that never entered collective ``seq``.
+    def missing(self, seq: int, ranks: Sequence[int] | None = None) -> list[int] | None:
+        """Ranks (of ``ranks``, default all) that never entered collective ``seq``, or
+        None when the store cannot tell within a second (its host unreachable).
 
-        Failure path only: waits one period so live peers' watchers publish, then reads
+        Failure path only: waits two periods so live peers' watchers publish, then reads
         every member's published sequence number (a rank with none entered nothing).
         """
         time.sleep(2 * self._period_s)
         among = [r for r in (range(self.size) if ranks is None else ranks) if r != self.rank]
-        keys = [f"seq/{r}" for r in among]
-        try:
-            present = [self._store.check([k]) for k in keys]
-            values = [
-                int(self._store.get(k).decode()) if ok else 0
-                for k, ok in zip(keys, present, strict=True)
-            ]
-        except Exception:
-            logger.debug("liveness: reading seqs failed", exc_info=True)
-            return []
-        return [r for r, v in zip(among, values, strict=True) if v < seq]
+        found: list[list[int]] = []
+
+        def read() -> None:
+            values = []
+            for r in among:
+                key = f"seq/{r}"
+                values.append(int(self._store.get(key).decode()) if self._store.check([key]) else 0)
+            found.append([r for r, v in zip(among, values, strict=True) if v < seq])
+
+        reader = threading.Thread(target=read, name="torchcomms-liveness-read", daemon=True)
+        reader.start()
+        reader.join(_STORE_READ_S)  # a store behind a cut link would block for its timeout
+        return found[0] if found else None
+
+    def elsewhere(self) -> list[int]:
+        """The members on other hosts than this rank's."""
+        return [r for r in range(self.size) if r != self.rank and r not in self._pids]
 
     def close(self) -> None:
         self._stop.set()

@@ -1,0 +1,128 @@
+"""Multi-host faults across real network stacks: two namespaces joined by a veth pair.
+
+Four ranks, two per namespace (a UTS-free variant: the host identity comes from
+``TORCHCOMM_HOST_ID``, the address gloo uses from ``TORCHCOMM_GLOO_HOSTNAME``).  Faults:
+a rank on the second host SIGKILLed, and the link cut (``ip link set … down``).  Skips
+cleanly without root or iproute2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.harness import free_port, timeout_scale
+from tests.test_shm_hier import NETNS_ADDRS, _ip, veth_namespaces
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 3.0
+DEAD_BOUND_S = 3.0
+
+
+def _run_trial(tmp: Path, transport: str, fault: str) -> dict[int, dict[str, object]]:
+    scale = timeout_scale()
+    port = free_port()
+    with veth_namespaces() as names:
+        procs: list[subprocess.Popen[str]] = []
+        try:
+            for rank in range(4):
+                h = rank // 2
+                env = dict(os.environ)
+                env.update(
+                    TORCHCOMM_RANK=str(rank),
+                    TORCHCOMM_SIZE="4",
+                    TORCHCOMM_HOST_ID=f"chaos-ns{h}",
+                    TORCHCOMM_GLOO_HOSTNAME=NETNS_ADDRS[h],
+                    TORCHCOMM_ABORT_ON_ERROR="0",
+                    CHAOS_STORE_ADDR=NETNS_ADDRS[0],
+                    CHAOS_STORE_PORT=str(port),
+                    CHAOS_TIMEOUT_S=str(TIMEOUT_S * scale),
+                    CHAOS_TRANSPORT=transport,
+                    CHAOS_OUT=str(tmp),
+                    PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),
+                )
+                for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+                    env.pop(var, None)
+                code = "from tests.chaos.faults import netns_rank_main; netns_rank_main()"
+                cmd = ["ip", "netns", "exec", names[h], sys.executable, "-c", code]
+                procs.append(
+                    subprocess.Popen(
+                        cmd,
+                        cwd=REPO,
+                        env=env,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                    )
+                )
+            give_up = time.monotonic() + 90 * scale
+            while not all((tmp / f"ready{r}").exists() for r in range(4)):
+                dead = [p for p in procs if p.poll() is not None]
+                assert not dead and time.monotonic() < give_up, _logs(procs)
+                time.sleep(0.05)
+            if fault == "kill":
+                os.kill(int((tmp / "ready3").read_text()), signal.SIGKILL)
+            else:
+                res = _ip("-n", names[1], "link", "set", "dev", _veth(names[1]), "down")
+                assert res.returncode == 0, res.stderr
+            (tmp / "go").write_text("1")
+            survivors = [0, 1, 2] if fault == "kill" else [0, 1, 2, 3]
+            give_up = time.monotonic() + 30 * scale
+            while not all((tmp / f"rank{r}.json").exists() for r in survivors):
+                assert time.monotonic() < give_up, _logs(procs)
+                time.sleep(0.05)
+            (tmp / "done").write_text("1")
+            return {r: json.loads((tmp / f"rank{r}.json").read_text()) for r in survivors}
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait(10)
+
+
+def _veth(ns: str) -> str:
+    out = _ip("-n", ns, "-o", "link", "show", "type", "veth").stdout
+    return out.split(":")[1].strip().split("@")[0]
+
+
+def _logs(procs: list[subprocess.Popen[str]]) -> str:
+    texts = []
+    for i, p in enumerate(procs):
+        if p.poll() is not None and p.stdout is not None:
+            texts.append(f"--- rank {i} (exit {p.returncode}):\n{p.stdout.read()[-3000:]}")
+    return "\n".join(texts) or "no rank has exited"
+
+
+@pytest.mark.netns
+@pytest.mark.parametrize("transport", ("auto", "tcp"))
+def test_a_rank_killed_on_another_host_is_named_by_every_survivor(
+    transport: str, tmp_path: Path
+) -> None:
+    seen = _run_trial(tmp_path, transport, "kill")
+    expected = "hierarchical" if transport == "auto" else "tcp"
+    for rank, got in seen.items():
+        assert str(got["transport"]["text"]).startswith(expected), got  # type: ignore[index]
+        o = got["all_reduce"]
+        assert o["type"] == "PeerFailureError", (rank, o)  # type: ignore[index]
+        assert "peer rank 3 died" in o["text"], (rank, o)  # type: ignore[index]
+        for live in (0, 1, 2):
+            assert f"peer rank {live} " not in o["text"], (rank, o)  # type: ignore[index]
+        assert o["s"] < DEAD_BOUND_S, (rank, o)  # type: ignore[index]
+
+
+@pytest.mark.netns
+def test_a_cut_link_times_out_naming_the_other_host(tmp_path: Path) -> None:
+    seen = _run_trial(tmp_path, "tcp", "link")
+    for rank, got in seen.items():
+        o = got["all_reduce"]
+        far = (2, 3) if rank < 2 else (0, 1)
+        assert o["type"] == "CommTimeoutError", (rank, o)  # type: ignore[index]
+        assert f"peer ranks {far[0]}, {far[1]}" in o["text"], (rank, o)  # type: ignore[index]
+        assert TIMEOUT_S <= o["s"] < TIMEOUT_S + 1.0 + 1.0, (rank, o)  # type: ignore[index]
