@@ -234,3 +234,62 @@ def netns_rank_main() -> None:
     while not (out / "done").exists() and time.monotonic() < give_up:  # rank is a dead one
         time.sleep(0.01)
     os._exit(0)  # the comm is broken; the trial is over
+
+
+class Tripwire(torch.distributed.Store):
+    """A store that SIGKILLs its process right after it writes a key containing
+    ``trigger``: a rank that dies at an exact point of ``new_comm``."""
+
+    def __init__(self, inner: Any, trigger: str) -> None:
+        super().__init__()
+        self.inner = inner
+        self.trigger = trigger
+
+    def set(self, key: str, value: Any) -> None:
+        self.inner.set(key, value)
+        if self.trigger in key:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def get(self, key: str) -> Any:
+        return self.inner.get(key)
+
+    def add(self, key: str, value: int) -> int:
+        return int(self.inner.add(key, value))
+
+    def check(self, keys: list[str]) -> bool:
+        return bool(self.inner.check(keys))
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout)
+
+    def delete_key(self, key: str) -> bool:
+        return bool(self.inner.delete_key(key))
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> Any:
+        return self.inner.compare_set(key, expected, desired)
+
+    def num_keys(self) -> int:
+        return int(self.inner.num_keys())
+
+
+def killed_in_new_comm(ctx: RankContext, transport: str, trigger: str, report_dir: str) -> None:
+    """Rank 1 is SIGKILLed inside ``new_comm`` right after it writes a ``trigger`` key."""
+    me = ctx.rank
+    store = Tripwire(ctx.store, trigger) if me == 1 else ctx.store
+    start = time.monotonic()
+    try:
+        comm = new_comm(
+            "gloo",
+            CPU,
+            name=f"born_{transport}",
+            store=store,
+            timeout=timedelta(seconds=3),
+            # The comm keeps this store (no private one), so the tripwire sees every key.
+            hints={"transport": transport, "persistent_store": "1"},
+        )
+    except Exception as exc:
+        seen = {"type": type(exc).__name__, "text": str(exc), "s": time.monotonic() - start}
+    else:
+        seen = {"type": None, "text": "returned", "s": time.monotonic() - start}
+        comm.finalize()
+    Path(report_dir, f"rank{me}.json").write_text(json.dumps({"new_comm": seen}))

@@ -10,6 +10,7 @@ not measurements (``benchmarks/diagnostics/detection_times.py`` measures).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,37 @@ def test_a_stopped_rank_is_named_by_the_timeout(transport: str) -> None:
         assert "peer rank 2" in got["text"], (transport, rank, got)
         assert "peer rank 0" not in got["text"] and "peer rank 1" not in got["text"], got
         assert TIMEOUT_S <= got["s"] < TIMEOUT_S + 1.0 + 1.0, (transport, rank, got)
+
+
+#: Where rank 1 dies inside new_comm: right after its identity is out (the others know
+#: its pid), inside the shm set-up, inside gloo's connect.
+BIRTH_DEATHS = {
+    "shm-after-identity": ("shm", "host/1"),
+    "shm-mapping": ("shm", "shm/mapped/1"),
+    "tcp-after-identity": ("tcp", "host/1"),
+    "tcp-gloo-connect": ("tcp", "gloo/"),
+}
+
+
+@pytest.mark.parametrize("case", BIRTH_DEATHS)
+def test_a_rank_killed_during_new_comm_is_named(case: str, tmp_path: Path) -> None:
+    """The others raise PeerFailureError naming it within the liveness bound (they know its
+    pid), never a raw store error after the full timeout, never naming a live rank."""
+    transport, trigger = BIRTH_DEATHS[case]
+    with pytest.raises(RankFailure) as info:
+        run_ranks(
+            faults.killed_in_new_comm,
+            3,
+            transport,
+            trigger,
+            str(tmp_path),
+            timeout=120,
+            fresh=True,
+        )
+    assert set(info.value.died) == {1}, str(info.value)
+    for rank in (0, 2):
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())["new_comm"]
+        assert got["type"] == "PeerFailureError", (case, rank, got)
+        assert re.search(r"\bpeer rank 1 died\b", got["text"]), (case, rank, got)
+        assert not re.search(r"\branks? (\d+, )*[02]\b", got["text"]), (case, rank, got)
+        assert got["s"] < DEAD_BOUND_S, (case, rank, got)

@@ -30,7 +30,7 @@ import torch
 import torch._C._distributed_c10d as c10d
 
 from torchcomms import bootstrap, config
-from torchcomms.backends import cpu_errors, cpu_hier, cpu_shm
+from torchcomms.backends import cpu_connect, cpu_errors, cpu_hier, cpu_shm
 from torchcomms.backends._host import CPU_DTYPES
 from torchcomms.backends.contract import CommBackend
 from torchcomms.backends.cpu_gloo import GlooOps
@@ -38,7 +38,11 @@ from torchcomms.backends.cpu_liveness import Liveness
 from torchcomms.backends.cpu_ops import Completion, CpuOps
 from torchcomms.bootstrap import CommStore
 from torchcomms.deadline import Deadline
-from torchcomms.errors import CommError, CommStateError, CommValidationError
+from torchcomms.errors import (
+    CommError,
+    CommStateError,
+    CommValidationError,
+)
 from torchcomms.executor import OpExecutor
 from torchcomms.state import CommState
 from torchcomms.transport import gloo
@@ -128,7 +132,19 @@ class TorchCommGloo(CommBackend):
         self._hints = dict(options.hints)
         self._store = store
         self._peers = self._exchange_identities(store.store)
-        self._ops = self._open_transport(config.transport(options.hints.get("transport")))
+        try:
+            self._ops = self._open_transport(config.transport(options.hints.get("transport")))
+        except CommError as exc:
+            if rank == 0 and size > 1:  # members past this step wait for rank 0's verdict
+                for step in ("preconnect", "connected"):
+                    cpu_connect.publish_failure(store.store, f"{step}/all", exc)
+            raise
+        try:
+            self._agree_connected(store.store)
+        except BaseException:
+            self._ops.close(failed=True)
+            self._ops = None
+            raise
         self.transport = self._ops.describe()
         self._executor = OpExecutor(name)
         _live.add(self)
@@ -161,8 +177,19 @@ class TorchCommGloo(CommBackend):
         lazy = True if "lazy" in options.hints else None
         hosts = [host for host, _ in self._peers]
         desc, device = gloo.choose_device(options.hints, hosts, hosts[self._rank], lazy)
-        pg = gloo.new_process_group(
-            c10d.PrefixStore("gloo", store), self._rank, self._size, options.timeout, device
+        # gloo's connect holds the GIL while it waits for a peer's address: meet first, so
+        # a member that died since the identity exchange is named now, not at the timeout.
+        self._rendezvous(store, "preconnect", "the gloo connect")
+        local = self._local_pids()
+        pg = cpu_connect.guarded(
+            lambda: gloo.new_process_group(
+                c10d.PrefixStore("gloo", store), self._rank, self._size, options.timeout, device
+            ),
+            Deadline(options.timeout),
+            local,
+            list(local),
+            f"[TorchCommGloo comm={self._name} rank={self._rank}] new_comm: ",
+            "the gloo connect",
         )
         liveness = Liveness(
             c10d.PrefixStore("lv", store),
@@ -180,6 +207,30 @@ class TorchCommGloo(CommBackend):
                 store, flat, self._peers, options.hints, options.timeout, device, describe
             )
         return flat
+
+    def _agree_connected(self, store: c10d.Store) -> None:
+        """The last step of ``new_comm``: every member connected, or every member raises
+        naming who did not (a member that died after its own transport was up, too)."""
+        self._rendezvous(store, "connected", "the final handshake")
+
+    def _rendezvous(self, store: c10d.Store, key: str, what: str) -> None:
+        cpu_connect.rendezvous(
+            store,
+            key,
+            self._rank,
+            self._size,
+            Deadline(self._timeout),
+            self._local_pids(),
+            f"[TorchCommGloo comm={self._name} rank={self._rank}] new_comm: ",
+            what,
+        )
+
+    def _local_pids(self) -> dict[int, int]:
+        """Comm rank -> pid of the other members on this host (their deaths are visible)."""
+        me = self._peers[self._rank][0]
+        return {
+            r: pid for r, (host, pid) in enumerate(self._peers) if host == me and r != self._rank
+        }
 
     def _use_shm(self, mode: str) -> bool:
         """Shared memory when every member shares this host (``tcp`` forces gloo)."""
@@ -206,7 +257,14 @@ class TorchCommGloo(CommBackend):
         """Every member's (host identity, pid), in comm rank order, through the store."""
         store.set(f"host/{self._rank}", f"{bootstrap.host_identity()}\n{os.getpid()}")
         keys = [f"host/{r}" for r in range(self._size)]
-        store.wait(keys, self._timeout)
+        cpu_connect.wait_keys(
+            store,
+            {k: r for r, k in enumerate(keys)},
+            Deadline(self._timeout),
+            {},
+            f"[TorchCommGloo comm={self._name} rank={self._rank}] new_comm: ",
+            "the identity exchange",
+        )
         peers = []
         for key in keys:
             host, _, pid = store.get(key).decode().rpartition("\n")

@@ -47,7 +47,7 @@ import torch._C._distributed_c10d as c10d
 
 from torchcomms import config
 from torchcomms import fingerprint as F
-from torchcomms.backends import cpu_shm
+from torchcomms.backends import cpu_connect, cpu_shm
 from torchcomms.backends._host import finish_average, on_host
 from torchcomms.backends.cpu_gloo import INLINE_BYTES, GlooOps
 from torchcomms.backends.cpu_ops import Completion, CpuOps
@@ -126,6 +126,10 @@ def connect(
     """
     rank = flat.rank
     topo = topology(peers, rank)
+    deadline = Deadline(timeout)
+    me = peers[rank][0]
+    local_pids = {r: pid for r, (h, pid) in enumerate(peers) if h == me and r != rank}
+    prefix = f"[TorchCommGloo {describe} rank={rank}] new_comm: "
     local: ShmCollectives | None = None
     members = topo.hosts[topo.host]
     if len(members) > 1:
@@ -145,18 +149,27 @@ def connect(
         group = topo.cross_members(i)
         if len(group) > 1 and (i == 0 or topo.even):
             cross_index = group.index(rank)
-            cross = gloo.new_process_group(
-                c10d.PrefixStore(f"hier/cross{i}", store),
-                cross_index,
-                len(group),
-                timeout,
-                gloo_device,
+            cross = cpu_connect.guarded(
+                lambda: gloo.new_process_group(
+                    c10d.PrefixStore(f"hier/cross{i}", store),
+                    cross_index,
+                    len(group),
+                    timeout,
+                    gloo_device,
+                ),
+                deadline,
+                local_pids,
+                list(local_pids),
+                prefix,
+                "the cross-host connect",
             )
         # Every rank must pick the same algorithm: comm rank 0's switch size counts.
         small_max = config.hier_small_max(hints.get("hier_small_max"))
         if rank == 0:
             store.set("hier/small_max", str(small_max))
-        store.wait(["hier/small_max"], timeout)
+        cpu_connect.wait_keys(
+            store, {"hier/small_max": 0}, deadline, local_pids, prefix, "the hierarchical set-up"
+        )
         small_max = int(store.get("hier/small_max").decode())
     except BaseException:
         if local is not None:

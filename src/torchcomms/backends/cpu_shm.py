@@ -21,10 +21,12 @@ import torch._C._distributed_c10d as c10d
 
 from torchcomms import config
 from torchcomms import fingerprint as F
+from torchcomms.backends import cpu_connect
 from torchcomms.backends._host import finish_average, host_flat, on_host, overlaps
 from torchcomms.backends.cpu_ops import Completion, CpuOps
 from torchcomms.backends.shm_collectives import ShmCollectives
 from torchcomms.deadline import Deadline
+from torchcomms.errors import CommError
 from torchcomms.transport import shm_segment
 from torchcomms.transport.shm_channel import (
     STATE_FAILED,
@@ -91,6 +93,10 @@ def open_collectives(
     configured = config.shm_oneshot_max(hints.get("shm_oneshot_max"))
     oneshot = _oneshot_max(size, slot) if configured is None else configured
     pair = _pair_bytes(size, config.shm_pair_bytes(hints.get("shm_pair_bytes")))
+    deadline = Deadline(timeout)
+    local_pids = dict(enumerate(pids))
+    prefix = f"[TorchCommGloo {describe} rank={rank}] new_comm: "
+    what = "the shm set-up"
     if rank == 0:
         shm_segment.sweep_stale()
         layout = Layout(size, slot, pair)
@@ -98,16 +104,29 @@ def open_collectives(
         mm = shm_segment.create(name, layout.total)
         store.set("shm/segment", f"{name}\n{slot}\n{pair}\n{oneshot}")
     else:
-        store.wait(["shm/segment"], timeout)
+        cpu_connect.wait_keys(store, {"shm/segment": 0}, deadline, local_pids, prefix, what)
         name, slot_text, pair_text, oneshot_text = store.get("shm/segment").decode().split("\n")
         slot, pair, oneshot = int(slot_text), int(pair_text), int(oneshot_text)
         layout = Layout(size, slot, pair)
-        mm = shm_segment.attach(name, layout.total)
+        try:
+            mm = shm_segment.attach(name, layout.total)
+        except FileNotFoundError:  # rank 0 gave up and unlinked it: say why, if it says
+            try:
+                cpu_connect.wait_keys(
+                    store, {"shm/failed": 0}, Deadline(timedelta(seconds=1)), {}, prefix, what
+                )
+            except CommError:
+                raise FileNotFoundError(f"{prefix}shm segment {name} vanished") from None
+            raise cpu_connect.failure_from(store.get("shm/failed").decode(), prefix, what) from None
     try:
         store.set(f"shm/mapped/{rank}", "1")
         if rank == 0:
             try:
-                store.wait([f"shm/mapped/{r}" for r in range(size)], timeout)
+                mapped = {f"shm/mapped/{r}": r for r in range(size)}
+                cpu_connect.wait_keys(store, mapped, deadline, local_pids, prefix, what)
+            except CommError as exc:
+                cpu_connect.publish_failure(store, "shm/failed", exc)
+                raise
             finally:
                 shm_segment.unlink(name)
     except BaseException:

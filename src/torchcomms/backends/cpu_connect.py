@@ -1,0 +1,165 @@
+"""Connect-time waits that name who is missing: a rank that dies or never arrives while a
+communicator connects makes the others raise ``PeerFailureError`` or ``CommTimeoutError``
+naming it, never a raw c10d ``DistStoreError`` after the full timeout.
+
+* ``wait_keys``: wait for store keys, each written by a known rank, in short slices;
+  between slices check whether a writer's process is gone (members on this host, once
+  identities are known) and the deadline.
+* ``guarded``: run a blocking connect (a ``ProcessGroupGloo`` constructor, which blocks in
+  C++ until every pair is connected) on a helper thread while the caller checks the same
+  things; a connect left behind by a failure ends at gloo's own timeout.
+
+Runs on the thread that creates the communicator.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from typing import TypeVar
+
+import torch._C._distributed_c10d as c10d
+
+from torchcomms.deadline import Deadline
+from torchcomms.errors import CommError, CommTimeoutError, PeerFailureError
+from torchcomms.transport import shm_segment
+from torchcomms.transport.shm_channel import ranks_text
+
+T = TypeVar("T")
+
+_SLICE = timedelta(milliseconds=50)
+#: The longest pause between two ``check`` polls of a connect-time wait.
+_POLL_MAX_S = 0.05
+
+
+def _check_dead(
+    local_pids: Mapping[int, int], ranks: Sequence[int], prefix: str, what: str
+) -> None:
+    dead = [r for r in ranks if r in local_pids and not shm_segment.process_alive(local_pids[r])]
+    if dead:
+        error = PeerFailureError(f"{prefix}{ranks_text(dead)} died (process gone) during {what}")
+        error.ranks = error.dead_ranks = tuple(dead)
+        raise error
+
+
+def wait_keys(
+    store: c10d.Store,
+    keys: Mapping[str, int],
+    deadline: Deadline,
+    local_pids: Mapping[int, int],
+    prefix: str,
+    what: str,
+) -> None:
+    """Wait until every key exists; ``keys[k]`` is the rank that writes ``k``."""
+    names = list(keys)
+    pause = 0.001
+    while True:
+        # Poll with ``check``: a timed ``wait`` that expires makes c10d log a warning.
+        names = [k for k in names if not store.check([k])]
+        if not names:
+            return
+        waited = sorted({keys[k] for k in names})
+        _check_dead(local_pids, waited, prefix, what)
+        if deadline.left_s() <= 0:
+            error = CommTimeoutError(
+                f"{prefix}timed out after {deadline.timeout.total_seconds():g} s in {what}: "
+                f"{ranks_text(waited)} never arrived"
+            )
+            error.ranks = tuple(waited)
+            raise error
+        time.sleep(min(pause, max(deadline.left_s(), 0.0)))
+        pause = min(pause * 2, _POLL_MAX_S)
+
+
+def guarded(
+    connect: Callable[[], T],
+    deadline: Deadline,
+    local_pids: Mapping[int, int],
+    ranks: Sequence[int],
+    prefix: str,
+    what: str,
+) -> T:
+    """``connect()`` on a helper thread; raise if one of ``ranks`` dies or time runs out."""
+    done = threading.Event()
+    box: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            box.append(connect())
+        except BaseException as exc:  # handed to the caller
+            failure.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="torchcomms-connect", daemon=True).start()
+    while not done.wait(_SLICE.total_seconds()):
+        _check_dead(local_pids, ranks, prefix, what)
+        if deadline.left_s() <= -1.0:  # gloo's own timeout (the same budget) comes first
+            error = CommTimeoutError(
+                f"{prefix}timed out after {deadline.timeout.total_seconds():g} s in {what}"
+            )
+            error.ranks = tuple(ranks)
+            raise error
+    if failure:
+        _check_dead(local_pids, ranks, prefix, what)  # a peer's death explains the failure
+        raise failure[0]
+    return box[0]
+
+
+def publish_failure(store: c10d.Store, key: str, error: CommError) -> None:
+    """Rank 0 gave up a connect step because of ``error``: say whom it blames, under ``key``."""
+    kind = "dead" if isinstance(error, PeerFailureError) else "timeout"
+    store.set(key, f"{kind} {','.join(map(str, error.ranks))}")
+
+
+def failure_from(verdict: str, prefix: str, what: str) -> CommError:
+    """The error a member raises on rank 0's published failure (``publish_failure``)."""
+    kind, _, listed = verdict.partition(" ")
+    ranks = tuple(int(r) for r in listed.split(",") if r)
+    text = ranks_text(ranks)
+    error: CommError
+    if kind == "dead":
+        error = PeerFailureError(f"{prefix}{text} died (process gone) during {what}")
+        error.dead_ranks = ranks
+    else:
+        error = CommTimeoutError(f"{prefix}{text} never finished {what} (rank 0 says)")
+    error.ranks = ranks
+    return error
+
+
+def rendezvous(
+    store: c10d.Store,
+    key: str,
+    rank: int,
+    size: int,
+    deadline: Deadline,
+    local_pids: Mapping[int, int],
+    prefix: str,
+    what: str,
+) -> None:
+    """Every member reached this step, or every member raises naming who did not.
+
+    Rank 0 waits for every member's ``key/{rank}`` (a dead local member is named at once)
+    and publishes the verdict under ``key/all``; the others wait for it: O(1) store round
+    trips for them, O(N) checks for rank 0.
+    """
+    if size == 1:
+        return
+    store.set(f"{key}/{rank}", "1")
+    if rank == 0:
+        try:
+            wait_keys(
+                store, {f"{key}/{r}": r for r in range(size)}, deadline, local_pids, prefix, what
+            )
+        except CommError as exc:
+            publish_failure(store, f"{key}/all", exc)
+            raise
+        store.set(f"{key}/all", "ok")
+        return
+    wait_keys(store, {f"{key}/all": 0}, deadline, local_pids, prefix, what)
+    verdict = store.get(f"{key}/all").decode()
+    if verdict != "ok":
+        raise failure_from(verdict, prefix, what)
