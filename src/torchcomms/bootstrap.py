@@ -1,24 +1,59 @@
 """Rank/size discovery, store creation and host identity: everything a comm needs before connecting.
 
-Stores are always c10d stores.  Without an explicit store, rank 0 binds
-``MASTER_ADDR:MASTER_PORT`` (or, under torchrun's agent store, everyone connects
-to it as a client), then all ranks move to a private ``TCPStore`` on an
-OS-assigned port and the bootstrap store is dropped, so ``MASTER_PORT`` is free
-again for the next ``new_comm``.  With ``TORCHCOMM_STORE_PATH`` set (as upstream), the
-bootstrap store is a ``FileStore`` at that path instead (no port at all).
+Protocol.  Stores are always c10d stores.  Without an explicit store, rank 0 serves
+``MASTER_ADDR:MASTER_PORT`` (or, under torchrun's agent store or when someone else already
+listens there, everyone connects to it as a client).  Every rank registers on it (its
+``join`` key carries its host identity); rank 0 then starts a private ``TCPStore`` on an
+OS-assigned port and publishes its address; all ranks move there, and the bootstrap store is
+dropped, so ``MASTER_PORT`` is free again for the next ``new_comm``.  With
+``TORCHCOMM_STORE_PATH`` set (as upstream), the bootstrap store is a ``FileStore`` at that path
+instead (no port at all).  A comm of size 1 has nobody to meet and opens no socket.
+
+Listening addresses.  A server listens where its clients dial, not on every interface: on the
+loopback address when the dialled address is loopback (``MASTER_ADDR=127.0.0.1``) and, for
+the private store, whenever every rank is on this host; on the dialled IP when it is a
+literal address of this host; on all interfaces only for a host name (the other hosts may
+resolve it to any of this host's addresses) or an address this host does not have (NAT).
+The socket is bound here and handed to ``TCPStore`` (``master_listen_fd``), which owns it from
+then on; so "port taken" is known from ``bind`` (``EADDRINUSE``), never guessed from a failed
+server start.
+
+Deadlines and errors.  One ``Deadline(timeout)`` per ``new_comm`` bounds every connect and
+wait of the bootstrap; a wait that runs out raises ``CommTimeoutError`` naming the ranks
+whose keys are missing ("rank 1 never joined"), never a raw c10d ``DistStoreError``.  A
+non-zero rank whose bootstrap server disappears under it (rank 0 finished a previous comm's
+bootstrap on that port) reconnects and registers again, within the same deadline.
+
+Threads.  ``create_comm_store`` may run on several threads at once.  Concurrent bootstraps
+in one process share rank 0's ``MASTER_PORT`` server (``_served``, guarded by
+``_served_lock``); the last one to finish closes it.  Nothing else is shared.
+
+Lifetime.  A ``TCPStore`` server lives as long as any reference to it (there is no close).
+No store made here outlives ``create_comm_store`` except the returned one: on failure the
+frames of the exception's traceback are cleared, so an exception the caller keeps does not
+keep a server, and its port, alive.
 """
 
 from __future__ import annotations
 
+import errno
+import ipaddress
 import logging
 import socket
+import threading
+import time
+import traceback
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TypeVar
 
 import torch._C._distributed_c10d as c10d
 
 from torchcomms import config
+from torchcomms.deadline import Deadline
+from torchcomms.errors import CommError, CommTimeoutError, PeerFailureError
 
 logger = logging.getLogger("torchcomms.bootstrap")
 
@@ -27,6 +62,12 @@ RANKSIZE_ERROR = (
     "and TORCHCOMM_SIZE, or ensure you are running in a supported environment "
     "(Torchrun, MPI, or PALS)."
 )
+
+LOOPBACK = "127.0.0.1"
+#: Starts of a store server tried before giving up (each bounded by the deadline).
+_SERVE_ATTEMPTS = 5
+#: Below this many seconds left, a deadline counts as passed.
+_MIN_WAIT_S = 0.01
 
 
 def _pair(rank_var: str, size_vars: tuple[str, ...]) -> tuple[int, int] | None:
@@ -108,9 +149,270 @@ def _advertised_host(bootstrap: c10d.Store) -> str:
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
-        return "127.0.0.1"
+        return LOOPBACK
 
 
+# -- listening sockets --------------------------------------------------------------------------
+_IP = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def _literal_ip(text: str) -> _IP | None:
+    try:
+        return ipaddress.ip_address(text.split("%", 1)[0])
+    except ValueError:
+        return None
+
+
+def _wildcard() -> tuple[socket.AddressFamily, str]:
+    return (socket.AF_INET6, "::") if socket.has_ipv6 else (socket.AF_INET, "0.0.0.0")
+
+
+def _listen_target(dial: str) -> tuple[socket.AddressFamily, str]:
+    """The (family, address) a server binds for clients that dial ``dial`` (see module doc)."""
+    ip = _literal_ip(dial)
+    if ip is None:
+        try:
+            infos = socket.getaddrinfo(dial, None, type=socket.SOCK_STREAM)
+        except OSError:
+            return _wildcard()
+        resolved = [a for a in (_literal_ip(str(i[4][0])) for i in infos) if a is not None]
+        if not resolved or not all(a.is_loopback for a in resolved):
+            return _wildcard()
+        # "localhost": every name of it is loopback; clients fall back to IPv4 (c10d tries
+        # each resolved address), so the IPv4 one serves them all.
+        ip = next((a for a in resolved if a.version == 4), resolved[0])
+    family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
+    return family, str(ip)
+
+
+def _bound_socket(family: socket.AddressFamily, host: str, port: int) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # A previous server's connections in TIME_WAIT must not keep the port from us.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6 and host == "::":
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # IPv4 clients too
+        sock.bind((host, port))
+        sock.listen(socket.SOMAXCONN)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _listen_socket(dial: str, port: int) -> socket.socket:
+    """A listening socket for clients of ``dial:port``; ``OSError(EADDRINUSE)`` if it is taken."""
+    family, host = _listen_target(dial)
+    if host == "::":
+        return _wildcard_socket(port)
+    try:
+        return _bound_socket(family, host, port)
+    except OSError as exc:
+        if exc.errno != errno.EADDRNOTAVAIL:
+            raise
+    # Not an address of this host (a NAT or floating address): the clients' packets arrive
+    # on some other local address.
+    logger.debug("%s is not an address of this host; listening on all interfaces", host)
+    return _wildcard_socket(port)
+
+
+def _wildcard_socket(port: int) -> socket.socket:
+    """All interfaces: dual-stack IPv6 where the kernel has it, else IPv4."""
+    if socket.has_ipv6:
+        try:
+            return _bound_socket(socket.AF_INET6, "::", port)
+        except OSError as exc:
+            if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT):
+                raise
+    return _bound_socket(socket.AF_INET, "0.0.0.0", port)
+
+
+def _serve(dial: str, port: int, deadline: Deadline, where: str) -> c10d.TCPStore:
+    """A TCPStore server for clients of ``dial:port`` (``OSError(EADDRINUSE)``: port taken).
+
+    A failed start on a port we did bind is not "taken": c10d's server and its own client
+    can stall on a slow reverse DNS lookup at connect. It is retried, within the deadline.
+    """
+    for attempt in range(_SERVE_ATTEMPTS):
+        sock = _listen_socket(dial, port)
+        bound_host, bound_port = sock.getsockname()[:2]
+        host = dial if bound_host in ("::", "0.0.0.0") else str(bound_host)
+        try:
+            # The store owns the socket from here on (and closes it, also when it fails).
+            return c10d.TCPStore(
+                host,
+                int(bound_port),
+                None,
+                True,
+                deadline.remaining(),
+                wait_for_workers=False,
+                master_listen_fd=sock.detach(),
+            )
+        except RuntimeError as exc:
+            failure = exc
+            if deadline.left_s() <= _MIN_WAIT_S or attempt + 1 == _SERVE_ATTEMPTS:
+                break
+            logger.warning(
+                "%s: starting a store server on %s:%s failed (%s); retrying",
+                where,
+                host,
+                bound_port,
+                _first_line(exc),
+            )
+            time.sleep(min(0.05 * 2**attempt, deadline.left_s()))
+    raise CommTimeoutError(
+        f"{where}: could not start a store server for {dial}:{port} within "
+        f"{_seconds(deadline)} ({_first_line(failure)})"
+    ) from failure
+
+
+# -- rank 0's MASTER_PORT server, shared by this process's concurrent bootstraps -----------------
+class _Served:
+    __slots__ = ("store", "users")
+
+    def __init__(self, store: c10d.TCPStore) -> None:
+        self.store: c10d.TCPStore | None = store
+        self.users = 1
+
+
+_served: dict[tuple[str, int], _Served] = {}
+_served_lock = threading.Lock()
+
+
+class _BootstrapStore:
+    """One bootstrap's hold on the store at ``MASTER_ADDR:MASTER_PORT``; ``close`` lets go."""
+
+    def __init__(self, store: c10d.Store, served_key: tuple[str, int] | None = None) -> None:
+        self.store: c10d.Store | None = store
+        self._served_key = served_key  # set when this process serves the port
+
+    @property
+    def serving(self) -> bool:
+        return self._served_key is not None
+
+    def close(self) -> None:
+        self.store = None
+        key, self._served_key = self._served_key, None
+        if key is None:
+            return
+        with _served_lock:
+            entry = _served.get(key)
+            if entry is None:
+                return
+            entry.users -= 1
+            if entry.users == 0:
+                del _served[key]
+                entry.store = None  # the last reference: the server stops and the port is free
+
+
+def _serve_or_join_master(addr: str, port: int, deadline: Deadline, where: str) -> _BootstrapStore:
+    """Rank 0: this process's server on MASTER_PORT (started if needed), else a client of it."""
+    key = (addr, port)
+    with _served_lock:
+        entry = _served.get(key)
+        if entry is not None and entry.store is not None:
+            entry.users += 1
+            return _BootstrapStore(entry.store, key)
+        try:
+            server = _serve(addr, port, deadline, where)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise CommError(
+                    f"{where}: cannot listen on MASTER_ADDR:MASTER_PORT {addr}:{port} ({exc})"
+                ) from exc
+            server = None
+        if server is not None:
+            _served[key] = _Served(server)
+            return _BootstrapStore(server, key)
+    # Someone else (a launcher, a user's own store) serves MASTER_PORT: use it.
+    logger.debug("%s: MASTER_PORT %s is taken; connecting as a client", where, port)
+    return _BootstrapStore(_client(addr, port, deadline, where, "another process", None))
+
+
+def _client(
+    addr: str, port: int, deadline: Deadline, where: str, server: str, server_rank: int | None
+) -> c10d.TCPStore:
+    """A client of the store at ``addr:port`` (c10d retries a refused connect until the deadline)."""
+    try:
+        return c10d.TCPStore(addr, port, None, False, deadline.remaining())
+    except RuntimeError as exc:
+        error = CommTimeoutError(
+            f"{where}: could not connect to the store at {addr}:{port} ({server}) within "
+            f"{_seconds(deadline)} ({_first_line(exc)})"
+        )
+        if server_rank is not None:
+            error.ranks = (server_rank,)
+        raise error from exc
+
+
+# -- waits with a deadline ------------------------------------------------------------------------
+class _StoreGone(PeerFailureError):
+    """The store stopped answering while this rank waited on it (its server is gone)."""
+
+
+def _seconds(deadline: Deadline) -> str:
+    return f"{deadline.timeout.total_seconds():g} s"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _wait_keys(
+    store: c10d.Store,
+    keys: dict[int, str],
+    deadline: Deadline,
+    where: str,
+    never: str,
+    served_by: int | None,
+    gone_error: type[CommError] = PeerFailureError,
+) -> None:
+    """Wait for ``keys`` (rank -> key); a timeout names the ranks whose keys are missing.
+
+    ``served_by``: the rank whose process serves ``store`` (blamed, with ``gone_error``, if
+    it stops answering), None for this rank's own server or a store served by someone else.
+    """
+    try:
+        store.wait(list(keys.values()), deadline.remaining())
+        return
+    except RuntimeError as exc:
+        wait_error: RuntimeError = exc
+    try:
+        missing = [r for r, key in keys.items() if not store.check([key])]
+    except RuntimeError as exc:
+        who = "its server" if served_by is None else f"rank {served_by}, its server,"
+        gone = gone_error(
+            f"{where}: the store stopped answering: {who} went away ({_first_line(exc)})"
+        )
+        if served_by is not None:
+            gone.ranks = (served_by,)
+        raise gone from wait_error
+    if not missing:  # everything arrived just as the wait gave up
+        return
+    error = CommTimeoutError(
+        f"{where}: {_plural(missing)} {never} within {_seconds(deadline)} "
+        f"(missing: {', '.join(keys[r] for r in missing)})"
+    )
+    error.ranks = tuple(missing)
+    raise error from wait_error
+
+
+def _plural(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def _forget_frames(exc: BaseException) -> None:
+    """Drop the locals of every frame an exception chain holds, so that it pins no store."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
+
+
+# -- the comm's store -----------------------------------------------------------------------------
 @dataclass
 class CommStore:
     """The store a communicator talks through, plus what must stay alive with it."""
@@ -129,29 +431,6 @@ class CommStore:
                 store.set(key, "1")
             except Exception as exc:  # the store's server may already be gone at shutdown
                 logger.debug("could not release communicator name (%s)", exc)
-
-
-def _connect_bootstrap(rank: int, size: int, timeout: timedelta) -> c10d.Store:
-    """The FileStore at ``TORCHCOMM_STORE_PATH``, else ``MASTER_ADDR:MASTER_PORT`` (rank 0
-    serves it unless someone already does)."""
-    path = config.store_path()
-    if path:
-        store = c10d.FileStore(path, size)
-        store.set_timeout(timeout)
-        return store
-    addr, port = config.master_addr_port()
-    if not addr:
-        raise RuntimeError("MASTER_ADDR env is not set (needed when new_comm gets no store)")
-    if port is None:
-        raise RuntimeError("MASTER_PORT env is not set (needed when new_comm gets no store)")
-    if config.torchelastic_agent_store() or rank != 0:
-        return c10d.TCPStore(addr, port, None, False, timeout)
-    try:
-        return c10d.TCPStore(addr, port, size, True, timeout, wait_for_workers=False)
-    except RuntimeError as exc:
-        # Someone (a launcher, a user's own store) already serves MASTER_PORT: use it.
-        logger.debug("MASTER_PORT %s is taken (%s); connecting as a client", port, exc)
-        return c10d.TCPStore(addr, port, None, False, timeout)
 
 
 def _claim_name(store: c10d.Store, rank: int) -> int:
@@ -173,24 +452,122 @@ def _claim_name(store: c10d.Store, rank: int) -> int:
 
 
 def _dup_store(
-    bootstrap: c10d.Store, rank: int, size: int, timeout: timedelta, key: str
+    bootstrap: c10d.Store,
+    rank: int,
+    size: int,
+    timeout: timedelta,
+    deadline: Deadline,
+    tag: str,
+    where: str,
+    served_by: int | None,
 ) -> CommStore:
-    """Move all ranks from ``bootstrap`` to a fresh private TCPStore served by rank 0."""
-    if size == 1:
-        return CommStore(store=c10d.HashStore())
+    """Move all ranks from ``bootstrap`` to a fresh private TCPStore served by rank 0.
+
+    Keys on ``bootstrap``: ``join<tag>/<rank>`` (each rank's host identity) and
+    ``dup_store<tag>`` (the private store's ``host:port``, set by rank 0 once all joined).
+    """
+    _bootstrap_op(lambda: bootstrap.set(f"join{tag}/{rank}", host_identity()), where)
+    private: c10d.TCPStore
     if rank == 0:
-        host = _advertised_host(bootstrap)
-        server = c10d.TCPStore(host, 0, size, True, timeout, wait_for_workers=False)
-        bootstrap.set(key, f"{host}:{server.port}")
-        private: c10d.Store = server
+        joins = {r: f"join{tag}/{r}" for r in range(size)}
+        _wait_keys(bootstrap, joins, deadline, where, "never joined", served_by, _StoreGone)
+        hosts = _bootstrap_op(lambda: {bootstrap.get(k) for k in joins.values()}, where)
+        # Every rank on this host: the private store needs no more than loopback.
+        host = LOOPBACK if len(hosts) == 1 else _advertised_host(bootstrap)
+        try:
+            private = _serve(host, 0, deadline, where)
+        except OSError as exc:
+            error = CommError(f"{where}: cannot listen for the private store on {host} ({exc})")
+            raise error from exc
+        address = f"{host}:{private.port}"
+        _bootstrap_op(lambda: bootstrap.set(f"dup_store{tag}", address), where)
     else:
-        bootstrap.wait([key], timeout)
-        host, _, port = bootstrap.get(key).decode().rpartition(":")
-        private = c10d.TCPStore(host, int(port), None, False, timeout)
+        key = f"dup_store{tag}"
+        never = "never published the private store's address"
+        _wait_keys(bootstrap, {0: key}, deadline, where, never, served_by, _StoreGone)
+        value = _bootstrap_op(lambda: bootstrap.get(key), where)
+        host, _, port = value.decode().rpartition(":")
+        private = _client(host, int(port), deadline, where, "rank 0's private store", 0)
+    private.set_timeout(timeout)
     # Everyone announces it reached the private store, so rank 0 may drop the bootstrap one.
     private.set(f"joined/{rank}", "1")
-    private.wait([f"joined/{r}" for r in range(size)], timeout)
+    joined = {r: f"joined/{r}" for r in range(size)}
+    never = "never joined the private store"
+    _wait_keys(private, joined, deadline, where, never, None if rank == 0 else 0)
     return CommStore(store=private)
+
+
+_T = TypeVar("_T")
+
+
+def _bootstrap_op(op: Callable[[], _T], where: str) -> _T:
+    """``op()`` on the bootstrap store; a broken connection becomes ``_StoreGone``."""
+    try:
+        return op()
+    except RuntimeError as exc:
+        raise _StoreGone(
+            f"{where}: the bootstrap store stopped answering ({_first_line(exc)})"
+        ) from exc
+
+
+def _generation_dup(
+    bootstrap: c10d.Store,
+    name: str,
+    rank: int,
+    size: int,
+    timeout: timedelta,
+    deadline: Deadline,
+    where: str,
+    served_by: int | None,
+) -> CommStore:
+    """``_dup_store`` under ``torchcomms/<name>``, numbered per creation of the name."""
+    prefixed = c10d.PrefixStore(f"torchcomms/{name}", bootstrap)
+    # A launcher's store outlives our comms: number each creation of this name per rank.
+    generation = _bootstrap_op(lambda: prefixed.add(f"generation/{rank}", 1), where)
+    tag = f"/{generation}"
+    return _dup_store(prefixed, rank, size, timeout, deadline, tag, where, served_by)
+
+
+def _storeless(
+    name: str, rank: int, size: int, timeout: timedelta, deadline: Deadline, where: str
+) -> CommStore:
+    """Bootstrap through ``TORCHCOMM_STORE_PATH`` or ``MASTER_ADDR:MASTER_PORT``."""
+    path = config.store_path()
+    if path:
+        if size == 1:
+            return CommStore(store=c10d.HashStore())
+        file_store = c10d.FileStore(path, size)
+        file_store.set_timeout(timeout)
+        return _generation_dup(file_store, name, rank, size, timeout, deadline, where, None)
+    addr, port = config.master_addr_port()
+    if not addr:
+        raise RuntimeError("MASTER_ADDR env is not set (needed when new_comm gets no store)")
+    if port is None:
+        raise RuntimeError("MASTER_PORT env is not set (needed when new_comm gets no store)")
+    if size == 1:
+        return CommStore(store=c10d.HashStore())
+    agent = config.torchelastic_agent_store()
+    while True:
+        if agent:
+            held = _BootstrapStore(_client(addr, port, deadline, where, "torchrun's agent", None))
+        elif rank == 0:
+            held = _serve_or_join_master(addr, port, deadline, where)
+        else:
+            held = _BootstrapStore(_client(addr, port, deadline, where, "rank 0", 0))
+        try:
+            assert held.store is not None
+            served_by = 0 if not agent and rank != 0 else None
+            return _generation_dup(
+                held.store, name, rank, size, timeout, deadline, where, served_by
+            )
+        except _StoreGone as exc:
+            # Rank 0's server went away under this rank (rank 0 finished another bootstrap
+            # on this port before starting ours): connect again and register anew.
+            if served_by is None or deadline.left_s() <= _MIN_WAIT_S:
+                raise
+            logger.debug("%s: %s; reconnecting", where, exc)
+        finally:
+            held.close()  # rank 0: stops the server (frees MASTER_PORT) unless still shared
 
 
 def create_comm_store(
@@ -202,23 +579,26 @@ def create_comm_store(
     persistent: bool,
 ) -> CommStore:
     """Build the store of a new communicator (see the module docstring for the protocol)."""
-    if store is not None:
+    deadline = Deadline(timeout)
+    where = f"[comm={name} rank={rank}] new_comm bootstrap"
+    try:
+        if store is None:
+            return _storeless(name, rank, size, timeout, deadline, where)
         prefixed = c10d.PrefixStore(name, store)
         generation = _claim_name(prefixed, rank)
         scoped = prefixed if generation == 1 else c10d.PrefixStore(f"gen{generation}", prefixed)
         release = (prefixed, f"released/{generation}/{rank}")
         if persistent:
             return CommStore(store=scoped, release=release)
-        comm_store = _dup_store(scoped, rank, size, timeout, "dup_store")
+        if size == 1:
+            comm_store = CommStore(store=c10d.HashStore())
+        else:
+            comm_store = _dup_store(scoped, rank, size, timeout, deadline, "", where, None)
         comm_store.release = release
         return comm_store
-    bootstrap = _connect_bootstrap(rank, size, timeout)
-    prefixed = c10d.PrefixStore(f"torchcomms/{name}", bootstrap)
-    # A launcher's store outlives our comms: number each creation of this name per rank.
-    generation = prefixed.add(f"generation/{rank}", 1)
-    result = _dup_store(prefixed, rank, size, timeout, f"dup_store/{generation}")
-    del bootstrap, prefixed  # frees MASTER_PORT on rank 0
-    return result
+    except BaseException as exc:
+        _forget_frames(exc)  # a caller that keeps the exception must not keep our servers
+        raise
 
 
 def new_token() -> str:

@@ -1,8 +1,18 @@
 """Object collectives: picklable Python objects moved through a communicator's tensor ops.
 
-Objects are serialised with ``torch.save`` and loaded with ``torch.load(weights_only=...)``
-(``weights_only=True`` by default, so a peer cannot make this rank run arbitrary code),
-or with ``pickle`` when ``TORCHCOMMS_SERIALIZATION=pickle``.  Every call is blocking.
+``weights_only`` (on the ops that load objects) decides how received bytes are loaded:
+
+* passed ``True``: ``torch.load(weights_only=True)`` only, so a peer cannot make this rank run
+  arbitrary code, whatever ``TORCHCOMMS_SERIALIZATION`` says; this rank also sends with
+  ``torch.save``.  A payload a peer pickled (``TORCHCOMMS_SERIALIZATION=pickle`` on its side,
+  e.g. through ``send_object_list``) is refused with ``pickle.UnpicklingError``;
+* passed ``False``: anything is loaded (``torch.load(weights_only=False)`` or ``pickle``);
+* not passed (``None``): ``True``, unless ``TORCHCOMMS_SERIALIZATION=pickle``, which means
+  ``False`` and sending with ``pickle``.
+
+Objects are sent with ``torch.save`` (or ``pickle`` under ``TORCHCOMMS_SERIALIZATION=pickle``
+unless ``weights_only=True`` was passed); the receiver tells the two formats apart by their
+first bytes.  Every call is blocking.
 """
 
 from __future__ import annotations
@@ -19,9 +29,24 @@ from torchcomms import config
 if TYPE_CHECKING:
     from torchcomms.comm import TorchComm
 
+#: ``torch.save`` writes a zip archive.
+_ZIP_MAGIC = b"PK\x03\x04"
 
-def _to_tensor(obj: Any, device: torch.device) -> torch.Tensor:
-    if config.object_serialization() == "pickle":
+
+def _send_pickle(weights_only: bool | None) -> bool:
+    """Send with plain ``pickle``: the environment asks for it and the caller did not refuse."""
+    return weights_only is not True and config.object_serialization() == "pickle"
+
+
+def _load_weights_only(weights_only: bool | None) -> bool:
+    """An explicit ``weights_only`` wins; not passed: True unless TORCHCOMMS_SERIALIZATION=pickle."""
+    if weights_only is not None:
+        return weights_only
+    return config.object_serialization() != "pickle"
+
+
+def _to_tensor(obj: Any, device: torch.device, weights_only: bool | None = None) -> torch.Tensor:
+    if _send_pickle(weights_only):
         data = pickle.dumps(obj)
     else:
         buf = io.BytesIO()
@@ -30,11 +55,22 @@ def _to_tensor(obj: Any, device: torch.device) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
 
 
-def _from_tensor(t: torch.Tensor, weights_only: bool) -> Any:
+def _from_tensor(t: torch.Tensor, weights_only: bool | None, where: str) -> Any:
     data = t.detach().to("cpu").numpy().tobytes()
-    if config.object_serialization() == "pickle":
-        return pickle.loads(data)
-    return torch.load(io.BytesIO(data), weights_only=weights_only)
+    safe = _load_weights_only(weights_only)
+    if data[:4] == _ZIP_MAGIC:
+        return torch.load(io.BytesIO(data), weights_only=safe)
+    if safe:
+        raise pickle.UnpicklingError(
+            f"{where}: refusing to unpickle a payload serialised with pickle (the sender has "
+            "TORCHCOMMS_SERIALIZATION=pickle) under weights_only=True; pass "
+            "weights_only=False to accept it"
+        )
+    return pickle.loads(data)
+
+
+def _where(comm: TorchComm, op: str) -> str:
+    return f"[comm={comm.get_name()} rank={comm.get_rank()}] {op}"
 
 
 def _size_tensor(n: int, device: torch.device) -> torch.Tensor:
@@ -60,7 +96,7 @@ def all_gather_object(
     object_list: list[Any],
     obj: Any,
     timeout: timedelta | None = None,
-    weights_only: bool = True,
+    weights_only: bool | None = None,
 ) -> None:
     """Fill ``object_list`` (length comm size) with every rank's ``obj``, in rank order."""
     size = comm.get_size()
@@ -69,13 +105,13 @@ def all_gather_object(
             f"all_gather_object: object_list must have comm size {size} entries, got {len(object_list)}"
         )
     device = comm.get_device()
-    payload = _to_tensor(obj, device)
+    payload = _to_tensor(obj, device, weights_only)
     lengths = _all_lengths(comm, payload.numel(), timeout)
     longest = max(lengths)
     gathered = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(size)]
     comm.all_gather(gathered, _padded(payload, longest), async_op=False, timeout=timeout)
     for i, (t, n) in enumerate(zip(gathered, lengths, strict=True)):
-        object_list[i] = _from_tensor(t[:n], weights_only)
+        object_list[i] = _from_tensor(t[:n], weights_only, _where(comm, "all_gather_object"))
 
 
 def gather_object(
@@ -84,7 +120,7 @@ def gather_object(
     root: int,
     object_gather_list: list[Any] | None = None,
     timeout: timedelta | None = None,
-    weights_only: bool = True,
+    weights_only: bool | None = None,
 ) -> None:
     """Collect every rank's ``obj`` into ``object_gather_list`` on ``root`` (ignored elsewhere)."""
     size = comm.get_size()
@@ -94,7 +130,7 @@ def gather_object(
             f"gather_object: root needs an object_gather_list of comm size {size} entries"
         )
     device = comm.get_device()
-    payload = _to_tensor(obj, device)
+    payload = _to_tensor(obj, device, weights_only)
     lengths = _all_lengths(comm, payload.numel(), timeout)
     longest = max(lengths)
     outputs = (
@@ -112,7 +148,7 @@ def gather_object(
     if is_root:
         assert object_gather_list is not None
         for i, (t, n) in enumerate(zip(outputs, lengths, strict=True)):
-            object_gather_list[i] = _from_tensor(t[:n], weights_only)
+            object_gather_list[i] = _from_tensor(t[:n], weights_only, _where(comm, "gather_object"))
 
 
 def send_object_list(
@@ -132,7 +168,7 @@ def recv_object_list(
     object_list: list[Any],
     src: int,
     timeout: timedelta | None = None,
-    weights_only: bool = True,
+    weights_only: bool | None = None,
 ) -> None:
     """Receive into ``object_list`` (same length as the sender's list) from ``src``."""
     device = comm.get_device()
@@ -142,9 +178,10 @@ def recv_object_list(
     data = torch.empty(total, dtype=torch.uint8, device=device)
     if object_list and total > 0:
         comm.recv(data, src, async_op=False, timeout=timeout)
+    where = _where(comm, "recv_object_list")
     offset = 0
     for i, n in enumerate(int(x) for x in lengths.tolist()):
-        object_list[i] = _from_tensor(data[offset : offset + n], weights_only)
+        object_list[i] = _from_tensor(data[offset : offset + n], weights_only, where)
         offset += n
 
 
@@ -153,13 +190,13 @@ def broadcast_object_list(
     object_list: list[Any],
     root: int,
     timeout: timedelta | None = None,
-    weights_only: bool = True,
+    weights_only: bool | None = None,
 ) -> None:
     """Replace ``object_list``'s entries on every rank with root's (lists have equal length)."""
     device = comm.get_device()
     is_root = comm.get_rank() == root
     if is_root:
-        payloads = [_to_tensor(o, device) for o in object_list]
+        payloads = [_to_tensor(o, device, weights_only) for o in object_list]
         lengths = torch.tensor([p.numel() for p in payloads], dtype=torch.int64, device=device)
     else:
         lengths = torch.zeros(len(object_list), dtype=torch.int64, device=device)
@@ -174,9 +211,10 @@ def broadcast_object_list(
         comm.broadcast(data, root, async_op=False, timeout=timeout)
     if is_root:
         return
+    where = _where(comm, "broadcast_object_list")
     offset = 0
     for i, n in enumerate(int(x) for x in lengths.tolist()):
-        object_list[i] = _from_tensor(data[offset : offset + n], weights_only)
+        object_list[i] = _from_tensor(data[offset : offset + n], weights_only, where)
         offset += n
 
 
@@ -186,7 +224,7 @@ def scatter_object_list(
     scatter_object_output_list: list[Any],
     scatter_object_input_list: list[Any] | None = None,
     timeout: timedelta | None = None,
-    weights_only: bool = True,
+    weights_only: bool | None = None,
 ) -> None:
     """Rank ``i`` gets root's ``scatter_object_input_list[i]`` in ``scatter_object_output_list[0]``."""
     if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
@@ -204,7 +242,7 @@ def scatter_object_list(
                 f"scatter_object_input_list must have comm size {size} entries on the root, "
                 f"got {len(scatter_object_input_list)}"
             )
-        payloads = [_to_tensor(o, device) for o in scatter_object_input_list]
+        payloads = [_to_tensor(o, device, weights_only) for o in scatter_object_input_list]
         longest = torch.tensor([max(p.numel() for p in payloads)], dtype=torch.int64, device=device)
     else:
         longest = torch.zeros(1, dtype=torch.int64, device=device)
@@ -218,4 +256,5 @@ def scatter_object_list(
     out = torch.empty(n_max, dtype=torch.uint8, device=device)
     data_inputs = [_padded(p, n_max) for p in payloads] if is_root else []
     comm.scatter(out, input_tensor_list=data_inputs, root=root, async_op=False, timeout=timeout)
-    scatter_object_output_list[0] = _from_tensor(out[: int(my_len.item())], weights_only)
+    where = _where(comm, "scatter_object_list")
+    scatter_object_output_list[0] = _from_tensor(out[: int(my_len.item())], weights_only, where)

@@ -6,8 +6,10 @@ What ``torchcomms.hooks.fr`` (the recorder) hands over to be written out:
   ``pg_id``), created on first sight and shared by every recorder;
 * ``Entry``: the tuple the recorder keeps per op, and ``entry_to_dict``, its dump form;
 * ``dump_document``: the whole dump (``pg_config``, ``pg_status``, ``entries`` and a
-  ``torchcomms`` section), and ``write_dump_file``: an atomic pickle to
-  ``<TORCHCOMM_FR_DUMP_TEMP_FILE><rank>``, the per-rank layout the unmodified
+  ``torchcomms`` section; ``comm_lib_version`` is ``FORMAT_MARK``), and ``write_dump_file``:
+  an atomic pickle, mode 0600, to ``<TORCHCOMM_FR_DUMP_TEMP_FILE><rank>`` or, by default, to
+  ``<tempdir>/torchcomm_fr-<uid>/rank_<rank>`` in a directory of this user's alone (0700),
+  the per-rank layout the unmodified
   ``python -m torch.distributed.flight_recorder.fr_trace DIR`` reads.
 
 Threads: ``comm_meta`` may run on any thread (first sight of a communicator: its
@@ -19,10 +21,14 @@ and only reads what it is given.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import logging
 import os
 import pickle
 import socket
+import stat
+import tempfile
 import threading
 import time
 import weakref
@@ -34,7 +40,12 @@ from torchcomms.comm import TorchComm
 from torchcomms.types import OpName
 
 FR_VERSION = "2.10"
+#: ``comm_lib_version`` of every dump: how ``python -m torchcomms.tools.fr`` knows its own.
+FORMAT_MARK = "torchcomms"
 DUMP_MARK = "flight recorder dump: "
+_DEFAULT_FILE_PREFIX = "rank_"
+
+logger = logging.getLogger("torchcomms.hooks.fr")
 
 # PyTorch's analyzer only knows these op names; ours map onto them.
 _PROFILING_OP = {name: name.name for name in OpName}
@@ -199,7 +210,7 @@ def dump_document(
     pg_status = {name: _pg_status(name, entries) for name in metas}
     return {
         "version": FR_VERSION,
-        "comm_lib_version": "torchcomms",
+        "comm_lib_version": FORMAT_MARK,
         "pg_config": pg_config,
         "pg_status": pg_status,
         "entries": entries,
@@ -213,19 +224,84 @@ def dump_document(
     }
 
 
+def default_dump_dir() -> str:
+    """This user's private dump directory, used when ``TORCHCOMM_FR_DUMP_TEMP_FILE`` is unset."""
+    return os.path.join(tempfile.gettempdir(), f"torchcomm_fr-{os.getuid()}")
+
+
 def dump_path(rank: int) -> str:
-    return f"{config.fr_dump_prefix()}{rank}"
+    """``<TORCHCOMM_FR_DUMP_TEMP_FILE><rank>``, else ``<tempdir>/torchcomm_fr-<uid>/rank_<rank>``."""
+    prefix = config.fr_dump_prefix()
+    if prefix == config.FR_DEFAULT_DUMP_PREFIX:
+        # One directory for every user (the old default) lets anyone read or plant dumps.
+        return os.path.join(default_dump_dir(), f"{_DEFAULT_FILE_PREFIX}{rank}")
+    return f"{prefix}{rank}"
+
+
+def _private_dir(directory: str) -> None:
+    """Create ``directory`` 0700, or check that the existing one is this user's alone.
+
+    Refused (``PermissionError``): a symlink or non-directory, or a directory owned by
+    another user. A directory of ours that others may read or write is tightened to 0700.
+    """
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, 0o700)
+    st = os.lstat(directory)
+    if not stat.S_ISDIR(st.st_mode):
+        raise PermissionError(
+            f"flight recorder: refusing to dump into {directory}: not a directory (a symlink "
+            "or file is in the way; remove it, or set TORCHCOMM_FR_DUMP_TEMP_FILE)"
+        )
+    if st.st_uid != os.getuid():
+        raise PermissionError(
+            f"flight recorder: refusing to dump into {directory}: owned by uid {st.st_uid}, "
+            f"not by this user (uid {os.getuid()}); remove it, or set TORCHCOMM_FR_DUMP_TEMP_FILE"
+        )
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        logger.warning("flight recorder: %s had mode %o; tightened to 700", directory, mode)
+    if mode != 0o700:  # also a umask that took the owner's own bits away
+        os.chmod(directory, 0o700)
+
+
+def _make_dirs(directory: str) -> None:
+    """``os.makedirs`` where every directory it creates is 0700 (``makedirs`` only does the last)."""
+    missing = []
+    current = os.path.abspath(directory)
+    while not os.path.isdir(current):
+        missing.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        os.chmod(path, 0o700)  # whatever the umask
 
 
 def write_dump_file(data: dict[str, Any], rank: int) -> str:
-    """Pickle ``data`` to ``<prefix><rank>`` (atomically: a temporary file, then a rename)."""
+    """Pickle ``data`` to ``dump_path(rank)``, mode 0600 (atomically: a temporary file, then a rename)."""
     path = dump_path(rank)
     data["torchcomms"]["rank"] = rank
     directory = os.path.dirname(path)
-    if directory:
-        os.makedirs(directory, exist_ok=True)
+    if config.fr_dump_prefix() == config.FR_DEFAULT_DUMP_PREFIX:
+        _private_dir(directory)
+    elif directory:
+        _make_dirs(directory)  # the user's choice of place, used as given
     tmp = f"{path}.tmp{os.getpid()}.{threading.get_ident()}"
-    with open(tmp, "wb") as f:
-        pickle.dump(data, f)
-    os.replace(tmp, path)
+    # O_EXCL | O_NOFOLLOW: never write through a file or symlink someone else put there.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o600)  # whatever the umask
+            pickle.dump(data, f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return path

@@ -7,9 +7,10 @@ Every entry has PyTorch's fields (``record_id``, ``pg_id``, ``process_group``,
 States are real: an entry is ``scheduled`` until its op runs, ``started`` while it runs,
 ``completed`` when it finished (with ``error`` set if it failed).
 
-Dumps: ``dump_json()`` returns JSON; ``dump_file(rank)`` writes a pickle to
-``<TORCHCOMM_FR_DUMP_TEMP_FILE><rank>``, the per-rank file layout that the unmodified
-``python -m torch.distributed.flight_recorder.fr_trace DIR`` reads.
+Dumps: ``dump_json()`` returns JSON; ``dump_file(rank)`` writes a pickle (mode 0600) to
+``<TORCHCOMM_FR_DUMP_TEMP_FILE><rank>`` (default: ``<tempdir>/torchcomm_fr-<uid>/rank_<rank>``,
+a directory of this user's alone; see ``_fr_dump.dump_path``), the per-rank file layout that
+the unmodified ``python -m torch.distributed.flight_recorder.fr_trace DIR`` reads.
 
 Always on: ``import torchcomms`` installs a process-wide recorder (``TORCHCOMM_FR_BUFFER_SIZE``
 entries, default 2000; ``0`` turns it off for communicators created while it is 0).  On a
@@ -430,7 +431,7 @@ class FlightRecorderHook:
         return json.dumps(self._ring.dump_dict(include_completed))
 
     def dump_file(self, rank: int, include_completed: bool = True) -> str:
-        """Pickle to ``<TORCHCOMM_FR_DUMP_TEMP_FILE><rank>`` (fr_trace's format); returns the path."""
+        """Pickle (0600) to ``dump_path(rank)`` (fr_trace's format); returns the path."""
         ring = self._ring if self._ring is not None else _Ring(1, False)
         return write_dump(ring, int(rank), include_completed, "dump_file")
 

@@ -10,13 +10,18 @@ plus failed ops (with their error) and size/dtype/op mismatches between ranks at
 sequence number.  ``--trace out.json`` writes a Chrome/Perfetto trace (one track per rank,
 one row per communicator; open it at https://ui.perfetto.dev or chrome://tracing).
 
-Exit status: 0 when nothing is wrong, 1 when a hang, failure or mismatch was found,
-2 when the directory holds no readable dump.
+Only files in the recorder's own format are read (``comm_lib_version`` ``"torchcomms"``, a
+known ``version``); pickles are read with an unpickler that refuses any class or function, so
+a planted file cannot run code.  Every other file is refused with an error naming it.
+
+Exit status: 0 when nothing is wrong, 1 when a hang, failure or mismatch was found or a file
+was refused, 2 when the directory holds no readable dump.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import pickle
@@ -62,46 +67,99 @@ class CommView:
     p2p: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
 
 
+class DumpFormatError(ValueError):
+    """A file that is not a torchcomms flight-recorder dump; the message names the file."""
+
+
+# What a dump is (``torchcomms.hooks._fr_dump``: ``FORMAT_MARK``, ``FR_VERSION``); kept here
+# so that this tool imports neither torch nor torchcomms.
+_FORMAT_MARK = "torchcomms"
+_SUPPORTED_VERSIONS = frozenset({"2.10"})
+#: Globals a dump's pickle may name: none, since a dump holds only dicts, lists, str, int,
+#: float, bool and None, which pickle writes without naming any class or function.
+_PICKLE_GLOBALS: frozenset[tuple[str, str]] = frozenset()
+
+
+class _DumpUnpickler(pickle.Unpickler):
+    """Unpickles plain data only: a pickle naming any class or function is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _PICKLE_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it refers to {module}.{name}, which no dump contains")
+
+
 def load_dir(directory: str) -> list[Dump]:
-    """Every readable dump under ``directory`` (pickle or JSON), sorted by rank."""
+    """Every dump under ``directory`` (pickle or JSON), sorted by rank; other files are skipped."""
+    return scan_dir(directory)[0]
+
+
+def scan_dir(directory: str) -> tuple[list[Dump], list[DumpFormatError]]:
+    """The dumps under ``directory`` (pickle or JSON), sorted by rank, and the files refused."""
     dumps: list[Dump] = []
+    refused: list[DumpFormatError] = []
     for root, _, files in os.walk(directory):
         for fname in sorted(files):
             path = os.path.join(root, fname)
-            data = _load(path)
-            if data is None:
+            try:
+                data = load_dump(path)
+            except DumpFormatError as exc:
+                refused.append(exc)
                 continue
             rank = (data.get("torchcomms") or {}).get("rank")
             if rank is None:
                 m = re.search(r"(\d+)(?:\.json)?$", fname)
                 if m is None:
+                    refused.append(DumpFormatError(f"{path}: no rank in the dump or its name"))
                     continue
                 rank = int(m.group(1))
             dumps.append(Dump(int(rank), path, data))
     dumps.sort(key=lambda d: d.rank)
-    return dumps
+    return dumps, refused
 
 
-def _load(path: str) -> dict[str, Any] | None:
+def load_dump(path: str) -> dict[str, Any]:
+    """One dump (JSON, or a pickle read without running any code); ``DumpFormatError`` if not."""
     try:
         with open(path, "rb") as f:
             raw = f.read()
-    except OSError:
-        return None
+    except OSError as exc:
+        raise DumpFormatError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
     data: Any = None
     if raw[:1] in (b"{", b"["):
         try:
             data = json.loads(raw)
-        except ValueError:
-            return None
+        except ValueError as exc:
+            raise DumpFormatError(f"{path}: not a flight-recorder dump (bad JSON: {exc})") from exc
     else:
         try:
-            data = pickle.loads(raw)
-        except Exception:
-            return None
-    if not isinstance(data, dict) or "entries" not in data or "version" not in data:
-        return None
+            data = _DumpUnpickler(io.BytesIO(raw)).load()
+        except Exception as exc:
+            raise DumpFormatError(
+                f"{path}: refused, not a torchcomms flight-recorder dump (unpickling: {exc})"
+            ) from exc
+    problem = _format_problem(data)
+    if problem:
+        raise DumpFormatError(f"{path}: refused, not a torchcomms flight-recorder dump ({problem})")
     return data
+
+
+def _format_problem(data: Any) -> str:
+    """Why ``data`` is not a dump in the recorder's format ("" when it is one)."""
+    if not isinstance(data, dict):
+        return f"top level is a {type(data).__name__}, not a dict"
+    mark = data.get("comm_lib_version")
+    if mark != _FORMAT_MARK:
+        return f"comm_lib_version is {mark!r}, expected {_FORMAT_MARK!r}"
+    version = data.get("version")
+    if version not in _SUPPORTED_VERSIONS:
+        return f"version {version!r} is not one of {sorted(_SUPPORTED_VERSIONS)}"
+    if not isinstance(data.get("torchcomms"), dict):
+        return "no torchcomms section"
+    entries = data.get("entries")
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        return "entries is not a list of dicts"
+    return ""
 
 
 def _op(entry: dict[str, Any]) -> str:
@@ -384,7 +442,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not os.path.isdir(args.dir):
         print(f"error: {args.dir} is not a directory", file=sys.stderr)
         return 2
-    dumps = load_dir(args.dir)
+    dumps, refused = scan_dir(args.dir)
+    for error in refused:
+        print(f"error: {error}", file=sys.stderr)
     if not dumps:
         print(f"error: no flight-recorder dumps found in {args.dir}", file=sys.stderr)
         return 2
@@ -394,7 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.trace, "w") as f:
             json.dump(chrome_trace(dumps), f)
         print(f"trace written to {args.trace} (open in https://ui.perfetto.dev)")
-    return 1 if problem else 0
+    return 1 if problem or refused else 0
 
 
 if __name__ == "__main__":

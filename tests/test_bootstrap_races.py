@@ -1,0 +1,227 @@
+"""Store-less bootstrap under races: back-to-back and concurrent ``new_comm``, missing ranks.
+
+Issue 12, item 6. Covers:
+
+* size 1 in this process: comms made back to back from fresh short-lived threads, and many
+  at once from concurrent threads, none failing, ``MASTER_PORT`` free afterwards;
+* 2 ranks: the same, back to back (each from a fresh thread, each leaving a caught exception
+  alive that references the comm) and concurrently (several threads per rank, each its own
+  comm), every comm checked with an exact ``all_reduce``;
+* a rank that never joins: the others fail within their timeout with ``CommTimeoutError``
+  naming it (``rank 1 never joined``, ``.ranks``), not a raw ``DistStoreError``, and the
+  kept exception pins no listening socket (``MASTER_PORT`` and the private store are closed),
+  so the next ``new_comm`` on the same port works.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+
+from tests import harness
+from tests.harness import RankContext, run_ranks
+from torchcomms import ReduceOp, TorchComm, new_comm
+from torchcomms.errors import CommTimeoutError
+
+CPU = torch.device("cpu")
+#: Generous: these tests assert that nothing fails, not that something is fast.
+OK_TIMEOUT = timedelta(seconds=60)
+#: How long a rank waits for a peer that never comes.
+MISSING_TIMEOUT_S = 2.0
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _listening_ports(port: int) -> list[str]:
+    """Local addresses (``ip:port``) of TCP sockets listening on ``port`` (any process)."""
+    found = []
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        with open(table) as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                local, state = fields[1], fields[3]
+                hex_ip, hex_port = local.split(":")
+                if state == "0A" and int(hex_port, 16) == port and len(hex_ip) == width:
+                    found.append(f"{hex_ip}:{port}")
+    return found
+
+
+def _in_thread(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on a fresh short-lived thread; return its result or raise its exception."""
+    out: dict[str, Any] = {}
+
+    def body() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as exc:
+            out["error"] = exc
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+def _sum_check(comm: TorchComm, scale: int) -> None:
+    n = comm.get_size()
+    t = torch.full((8,), (comm.get_rank() + 1) * scale, dtype=torch.int64)
+    comm.all_reduce(t, ReduceOp.SUM, False)
+    expected = scale * n * (n + 1) // 2
+    assert t.tolist() == [expected] * 8, f"{comm.get_name()}: {t.tolist()} != {expected}"
+
+
+def _make_check_finalize(name: str, scale: int, kept: list[BaseException]) -> None:
+    """One comm's whole life; leaves a caught exception that references the comm in ``kept``."""
+    comm = new_comm("gloo", CPU, name=name, timeout=OK_TIMEOUT)
+    _sum_check(comm, scale)
+    try:
+        raise RuntimeError(f"kept alive with {comm.get_name()} in its frame")
+    except RuntimeError as exc:
+        kept.append(exc)
+    comm.finalize()
+
+
+def _concurrently(names: list[str]) -> dict[str, str]:
+    """Create, check and finalize one comm per name, each on its own thread, all at once."""
+    errors: dict[str, str] = {}
+    start = threading.Barrier(len(names))
+
+    def body(k: int, name: str) -> None:
+        try:
+            start.wait()
+            _make_check_finalize(name, k + 1, [])
+        except BaseException as exc:
+            errors[name] = f"{type(exc).__name__}: {exc}"
+
+    threads = [threading.Thread(target=body, args=(k, n)) for k, n in enumerate(names)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors
+
+
+# ----------------------------------------------------------------------------- size 1
+
+
+def test_size_one_back_to_back_and_concurrent_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    port = harness.free_port()
+    for var, value in {
+        "TORCHCOMM_RANK": "0",
+        "TORCHCOMM_SIZE": "1",
+        "MASTER_ADDR": harness.MASTER_ADDR,
+        "MASTER_PORT": str(port),
+    }.items():
+        monkeypatch.setenv(var, value)
+    kept: list[BaseException] = []
+    failures = []
+    for i in range(30):
+        try:
+            _in_thread(lambda i=i: _make_check_finalize(f"solo{i}", i + 1, kept))
+        except Exception as exc:
+            failures.append(f"solo{i}: {type(exc).__name__}: {exc}")
+    assert failures == []
+    assert _concurrently([f"solo_conc{k}" for k in range(8)]) == {}
+    assert _listening_ports(port) == [], "MASTER_PORT still served after finalize"
+
+
+# ----------------------------------------------------------------------------- 2 ranks
+
+
+def _race_cases(ctx: RankContext) -> None:
+    kept: list[BaseException] = []
+    for i in range(12):
+        # Fresh thread per comm, nothing between two comms: the next bootstrap starts while
+        # the peer may still be finishing the last one.
+        _in_thread(lambda i=i: _make_check_finalize(f"b2b{i}", i + 1, kept))
+    errors = _concurrently([f"conc{k}" for k in range(4)])
+    assert errors == {}, errors
+    # Nobody serves MASTER_PORT once every rank is past its last init.
+    ctx.store.set(f"done/{ctx.rank}", "1")
+    ctx.store.wait([f"done/{r}" for r in range(ctx.world_size)])
+    assert _listening_ports(ctx.master_port) == [], "MASTER_PORT still served"
+
+
+def test_back_to_back_and_concurrent_new_comm_on_two_ranks() -> None:
+    run_ranks(_race_cases, 2, timeout=120)
+
+
+def _own_listeners() -> set[int]:
+    """Inodes of this process's listening TCP sockets."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    listening = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[9]) in inodes:
+                    listening.add(int(fields[9]))
+    return listening
+
+
+def _missing_rank_cases(ctx: RankContext) -> dict[str, Any]:
+    """Rank 1 skips one comm, then rank 0 skips one; both keep their exception alive."""
+    store, rank = ctx.store, ctx.rank
+    short = timedelta(seconds=MISSING_TIMEOUT_S)
+    out: dict[str, Any] = {}
+    before = _own_listeners()
+    kept: list[BaseException] = []
+    absent = {"no_rank1": 1, "no_rank0": 0}
+    for name, missing in absent.items():
+        if rank == missing:
+            store.wait([f"{name}/failed"], timedelta(seconds=60))
+            continue
+        start = time.monotonic()
+        with pytest.raises(CommTimeoutError) as info:
+            new_comm("gloo", CPU, name=name, timeout=short)
+        out[name] = {
+            "elapsed": time.monotonic() - start,
+            "message": str(info.value),
+            "ranks": info.value.ranks,
+        }
+        kept.append(info.value)  # with its traceback: must not keep a server alive
+        out[f"{name}_port_free"] = _listening_ports(ctx.master_port) == []
+        out[f"{name}_leaked"] = sorted(_own_listeners() - before)
+        store.set(f"{name}/failed", "1")
+    # The same port works right away for the next comm, with those exceptions still alive.
+    comm = new_comm("gloo", CPU, name="after", timeout=OK_TIMEOUT)
+    _sum_check(comm, 3)
+    comm.finalize()
+    assert len(kept) == 1
+    return out
+
+
+def test_missing_rank_is_named_and_pins_no_port() -> None:
+    results = run_ranks(_missing_rank_cases, 2, timeout=60)
+    r0, r1 = results[0]["no_rank1"], results[1]["no_rank0"]
+    assert "rank 1 never joined within 2 s" in r0["message"], r0["message"]
+    assert r0["message"].startswith("[comm=no_rank1 rank=0] new_comm bootstrap: ")
+    assert r0["ranks"] == (1,)
+    assert "could not connect to the store at 127.0.0.1:" in r1["message"], r1["message"]
+    assert "(rank 0) within 2 s" in r1["message"], r1["message"]
+    assert r1["ranks"] == (0,)
+    for result in (r0, r1):
+        # Within the timeout (plus one 5 s resolver stall c10d's connect logging may hit).
+        assert MISSING_TIMEOUT_S * 0.9 <= result["elapsed"] < MISSING_TIMEOUT_S + 6.0, result
+    assert results[0]["no_rank1_port_free"], "MASTER_PORT still served by the failed init"
+    assert results[0]["no_rank1_leaked"] == [], "the failed init left a listening socket"
+    assert results[1]["no_rank0_leaked"] == []
