@@ -242,9 +242,7 @@ def test_abort_releases_threads_blocked_in_the_transport(
 def _fatal_timeout(ctx: RankContext, outdir: str) -> None:
     """Rank 0 times out twice: with the option off (raised), then on (the process ends)."""
     store, rank = ctx.store, ctx.rank
-    kept = new_comm(
-        "gloo", CPU, name="kept", store=store, abort_process_on_timeout_or_error=False
-    )
+    kept = new_comm("gloo", CPU, name="kept", store=store, abort_process_on_timeout_or_error=False)
     fatal = new_comm("gloo", CPU, name="fatal", store=store)  # the option from the env: on
     _sum_check(kept)
     _sum_check(fatal)
@@ -291,7 +289,8 @@ def test_abort_on_error_ends_the_process_after_hooks_and_dump(tmp_path: Path) ->
         dump = pickle.load(f)
     assert dump["torchcomms"]["reason"] == "abort", dump["torchcomms"]
     fatal_ops = [
-        e for e in dump["entries"] if "fatal" in str(e["process_group"]) and "all_reduce" in
-        e["profiling_name"]
+        e
+        for e in dump["entries"]
+        if "fatal" in str(e["process_group"]) and "all_reduce" in e["profiling_name"]
     ]
     assert fatal_ops and fatal_ops[-1]["state"] != "completed", fatal_ops

@@ -376,7 +376,9 @@ class CommOps(CommCore):
             hook_args.AllToAllVSinglePreHookArgs(input, output, in_splits, out_splits, async_op),
             timeout,
             hints,
-            lambda o: self._backend.all_to_all_v_single(output, input, out_splits, in_splits, async_op, o),
+            lambda o: self._backend.all_to_all_v_single(
+                output, input, out_splits, in_splits, async_op, o
+            ),
             (output, input, out_splits, in_splits, async_op),
         )
 

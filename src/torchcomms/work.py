@@ -292,9 +292,7 @@ class PythonBackendWork(TorchWork):
     ``on_error`` learns of an error its ``wait()`` raised (the comm's failure report).
     """
 
-    def __init__(
-        self, inner: Any, on_error: Callable[[BaseException], None] | None = None
-    ) -> None:
+    def __init__(self, inner: Any, on_error: Callable[[BaseException], None] | None = None) -> None:
         super().__init__()
         self._python_created = True
         self._inner = inner

@@ -113,7 +113,13 @@ class TorchCommGloo(CommBackend):
         store = bootstrap.create_comm_store(
             name, rank, size, options.timeout, options.store, persistent
         )
-        self._connect(device, name, options, store, rank, size)
+        try:
+            self._connect(device, name, options, store, rank, size)
+        except BaseException:
+            # A kept exception must not keep rank 0's store server (and its port) alive.
+            store.close()
+            self._store = None
+            raise
 
     def _connect(
         self,
@@ -203,9 +209,13 @@ class TorchCommGloo(CommBackend):
         )
         if mode != "tcp" and cpu_hier.wanted(self._peers) and not cpu_shm.unsupported_reason():
             describe = f"comm={self._name}"
-            return cpu_hier.connect(
-                store, flat, self._peers, options.hints, options.timeout, device, describe
-            )
+            try:
+                return cpu_hier.connect(
+                    store, flat, self._peers, options.hints, options.timeout, device, describe
+                )
+            except BaseException:
+                flat.close(failed=True)
+                raise
         return flat
 
     def _agree_connected(self, store: c10d.Store) -> None:
