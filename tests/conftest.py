@@ -46,3 +46,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def timeout_scale() -> float:
     """``TORCHCOMM_TEST_TIMEOUT_SCALE``, for tests that compute their own time limits."""
     return harness.timeout_scale()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``chaos`` tests (the long fault matrix) run only when ``-m`` names them."""
+    if "chaos" in (config.option.markexpr or ""):
+        return
+    skip = pytest.mark.skip(reason="the long fault matrix: run it with -m chaos")
+    for item in items:
+        if item.get_closest_marker("chaos") is not None:
+            item.add_marker(skip)

@@ -32,9 +32,10 @@ import pytest
 import torch
 
 from tests.harness import RankContext, run_ranks
-from torchcomms import ReduceOp, bootstrap, new_comm, objcol
+from torchcomms import ReduceOp, new_comm, objcol
 from torchcomms.hooks import FlightRecorderHook, _fr_dump
 from torchcomms.tools import fr as frtool
+from torchcomms.transport import listen
 
 CPU = torch.device("cpu")
 TIMEOUT = timedelta(seconds=60)
@@ -114,20 +115,20 @@ def test_bootstrap_servers_listen_on_loopback_for_loopback_master_addr() -> None
 
 
 def test_listen_target_follows_the_dialled_address() -> None:
-    target = bootstrap._listen_target
+    target = listen.listen_target
     assert target("127.0.0.1") == (socket.AF_INET, "127.0.0.1")
     assert target("127.0.0.5") == (socket.AF_INET, "127.0.0.5")
     assert target("::1") == (socket.AF_INET6, "::1")
     assert target("localhost") == (socket.AF_INET, "127.0.0.1")
     assert target("192.0.2.7") == (socket.AF_INET, "192.0.2.7")  # a literal IP is kept
     # ... but one this host does not have (NAT, floating address) falls back to all.
-    with bootstrap._listen_socket("192.0.2.7", 0) as sock:
+    with listen.listen_socket("192.0.2.7", 0) as sock:
         assert sock.getsockname()[0] in ("::", "0.0.0.0")
-    with bootstrap._listen_socket("127.0.0.1", 0) as sock:
+    with listen.listen_socket("127.0.0.1", 0) as sock:
         assert sock.getsockname()[0] == "127.0.0.1"
         taken = sock.getsockname()[1]
         with pytest.raises(OSError) as info:
-            bootstrap._listen_socket("127.0.0.1", taken)
+            listen.listen_socket("127.0.0.1", taken)
         assert info.value.errno == errno.EADDRINUSE
 
 

@@ -490,6 +490,26 @@ def veth_namespaces() -> Iterator[tuple[str, str]]:
         _ip("link", "del", f"thv{tag}a")  # only there if moving it into its namespace failed
 
 
+def netns_rank_cmd(
+    names: tuple[str, str], rank: int, host_id: str, code: str, **extra: str
+) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of rank ``rank`` of 4, two per namespace (rank // 2)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = rank // 2
+    env = dict(os.environ)
+    env.update(
+        TORCHCOMM_RANK=str(rank),
+        TORCHCOMM_SIZE="4",
+        TORCHCOMM_HOST_ID=f"{host_id}{h}",
+        TORCHCOMM_GLOO_HOSTNAME=NETNS_ADDRS[h],
+        PYTHONPATH=os.pathsep.join([os.path.join(repo, "src"), repo]),
+        **extra,
+    )
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        env.pop(var, None)
+    return ["ip", "netns", "exec", names[h], sys.executable, "-c", code], env
+
+
 @pytest.mark.netns
 def test_two_network_namespaces_over_veth(tmp_path: Any) -> None:
     scale = timeout_scale()
@@ -498,21 +518,15 @@ def test_two_network_namespaces_over_veth(tmp_path: Any) -> None:
         procs: list[subprocess.Popen[str]] = []
         try:
             for rank in range(4):
-                h = rank // 2
-                env = dict(os.environ)
-                env.update(
-                    TORCHCOMM_RANK=str(rank),
-                    TORCHCOMM_SIZE="4",
-                    TORCHCOMM_HOST_ID=f"ns{h}",
-                    TORCHCOMM_GLOO_HOSTNAME=NETNS_ADDRS[h],
+                code = "from tests.test_shm_hier import netns_rank_main; netns_rank_main()"
+                cmd, env = netns_rank_cmd(
+                    names,
+                    rank,
+                    "ns",
+                    code,
                     HIER_STORE_PORT="29517",
                     HIER_OUT=str(tmp_path / f"rank{rank}.json"),
-                    PYTHONPATH=os.pathsep.join([os.path.join(repo, "src"), repo]),
                 )
-                for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
-                    env.pop(var, None)
-                code = "from tests.test_shm_hier import netns_rank_main; netns_rank_main()"
-                cmd = ["ip", "netns", "exec", names[h], sys.executable, "-c", code]
                 procs.append(
                     subprocess.Popen(
                         cmd,

@@ -13,8 +13,8 @@ Listening addresses.  A server listens where its clients dial, not on every inte
 loopback address when the dialled address is loopback (``MASTER_ADDR=127.0.0.1``) and, for
 the private store, whenever every rank is on this host; on the dialled IP when it is a
 literal address of this host; on all interfaces only for a host name (the other hosts may
-resolve it to any of this host's addresses) or an address this host does not have (NAT).
-The socket is bound here and handed to ``TCPStore`` (``master_listen_fd``), which owns it from
+resolve it to any of this host's addresses) or an address this host does not have (NAT)
+(``transport.listen``).  The socket is bound here and handed to ``TCPStore`` (``master_listen_fd``), which owns it from
 then on; so "port taken" is known from ``bind`` (``EADDRINUSE``), never guessed from a failed
 server start.
 
@@ -37,7 +37,6 @@ keep a server, and its port, alive.
 from __future__ import annotations
 
 import errno
-import ipaddress
 import logging
 import socket
 import threading
@@ -54,6 +53,8 @@ import torch._C._distributed_c10d as c10d
 from torchcomms import config
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError, CommTimeoutError, PeerFailureError
+from torchcomms.transport.gloo import underlying_tcp_host
+from torchcomms.transport.listen import listen_socket
 
 logger = logging.getLogger("torchcomms.bootstrap")
 
@@ -122,19 +123,6 @@ def host_identity() -> str:
     return f"{socket.gethostname()}/{boot_id}"
 
 
-def _underlying_tcp_host(store: c10d.Store) -> str | None:
-    """The host of the TCPStore under a (chain of) PrefixStore(s), if any."""
-    current: object = store
-    for _ in range(16):
-        if isinstance(current, c10d.TCPStore):
-            return str(current.host)
-        if isinstance(current, c10d.PrefixStore):
-            current = current.underlying_store
-            continue
-        return None
-    return None
-
-
 def _advertised_host(bootstrap: c10d.Store) -> str:
     """An address of this host that the other ranks can reach."""
     explicit = config.gloo_hostname()
@@ -143,88 +131,13 @@ def _advertised_host(bootstrap: c10d.Store) -> str:
     addr, _ = config.master_addr_port()
     if addr:
         return addr
-    tcp_host = _underlying_tcp_host(bootstrap)
+    tcp_host = underlying_tcp_host(bootstrap)
     if tcp_host:
         return tcp_host
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return LOOPBACK
-
-
-# -- listening sockets --------------------------------------------------------------------------
-_IP = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-
-def _literal_ip(text: str) -> _IP | None:
-    try:
-        return ipaddress.ip_address(text.split("%", 1)[0])
-    except ValueError:
-        return None
-
-
-def _wildcard() -> tuple[socket.AddressFamily, str]:
-    return (socket.AF_INET6, "::") if socket.has_ipv6 else (socket.AF_INET, "0.0.0.0")
-
-
-def _listen_target(dial: str) -> tuple[socket.AddressFamily, str]:
-    """The (family, address) a server binds for clients that dial ``dial`` (see module doc)."""
-    ip = _literal_ip(dial)
-    if ip is None:
-        try:
-            infos = socket.getaddrinfo(dial, None, type=socket.SOCK_STREAM)
-        except OSError:
-            return _wildcard()
-        resolved = [a for a in (_literal_ip(str(i[4][0])) for i in infos) if a is not None]
-        if not resolved or not all(a.is_loopback for a in resolved):
-            return _wildcard()
-        # "localhost": every name of it is loopback; clients fall back to IPv4 (c10d tries
-        # each resolved address), so the IPv4 one serves them all.
-        ip = next((a for a in resolved if a.version == 4), resolved[0])
-    family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
-    return family, str(ip)
-
-
-def _bound_socket(family: socket.AddressFamily, host: str, port: int) -> socket.socket:
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        # A previous server's connections in TIME_WAIT must not keep the port from us.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6 and host == "::":
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # IPv4 clients too
-        sock.bind((host, port))
-        sock.listen(socket.SOMAXCONN)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def _listen_socket(dial: str, port: int) -> socket.socket:
-    """A listening socket for clients of ``dial:port``; ``OSError(EADDRINUSE)`` if it is taken."""
-    family, host = _listen_target(dial)
-    if host == "::":
-        return _wildcard_socket(port)
-    try:
-        return _bound_socket(family, host, port)
-    except OSError as exc:
-        if exc.errno != errno.EADDRNOTAVAIL:
-            raise
-    # Not an address of this host (a NAT or floating address): the clients' packets arrive
-    # on some other local address.
-    logger.debug("%s is not an address of this host; listening on all interfaces", host)
-    return _wildcard_socket(port)
-
-
-def _wildcard_socket(port: int) -> socket.socket:
-    """All interfaces: dual-stack IPv6 where the kernel has it, else IPv4."""
-    if socket.has_ipv6:
-        try:
-            return _bound_socket(socket.AF_INET6, "::", port)
-        except OSError as exc:
-            if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT):
-                raise
-    return _bound_socket(socket.AF_INET, "0.0.0.0", port)
 
 
 def _serve(dial: str, port: int, deadline: Deadline, where: str) -> c10d.TCPStore:
@@ -234,7 +147,7 @@ def _serve(dial: str, port: int, deadline: Deadline, where: str) -> c10d.TCPStor
     can stall on a slow reverse DNS lookup at connect. It is retried, within the deadline.
     """
     for attempt in range(_SERVE_ATTEMPTS):
-        sock = _listen_socket(dial, port)
+        sock = listen_socket(dial, port)
         bound_host, bound_port = sock.getsockname()[:2]
         host = dial if bound_host in ("::", "0.0.0.0") else str(bound_host)
         try:

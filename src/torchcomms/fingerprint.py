@@ -52,18 +52,9 @@ OP_NAMES = (
 
 # Stable codes (never reorder: the code is what processes compare).
 _DTYPE_LIST = (
-    torch.float32,
-    torch.float64,
-    torch.float16,
-    torch.bfloat16,
-    torch.int8,
-    torch.uint8,
-    torch.int32,
-    torch.int64,
-    torch.bool,
-    torch.int16,
-    torch.complex64,
-    torch.complex128,
+    *(torch.float32, torch.float64, torch.float16, torch.bfloat16),
+    *(torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool),
+    *(torch.int16, torch.complex64, torch.complex128),
 )
 _DTYPE_CODES = {dt: i for i, dt in enumerate(_DTYPE_LIST)}
 _DTYPES = dict(enumerate(_DTYPE_LIST))

@@ -12,14 +12,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.harness import free_port, timeout_scale
-from tests.test_shm_hier import NETNS_ADDRS, _ip, veth_namespaces
+from tests.test_shm_hier import NETNS_ADDRS, _ip, netns_rank_cmd, veth_namespaces
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 3.0
@@ -33,25 +32,19 @@ def _run_trial(tmp: Path, transport: str, fault: str) -> dict[int, dict[str, obj
         procs: list[subprocess.Popen[str]] = []
         try:
             for rank in range(4):
-                h = rank // 2
-                env = dict(os.environ)
-                env.update(
-                    TORCHCOMM_RANK=str(rank),
-                    TORCHCOMM_SIZE="4",
-                    TORCHCOMM_HOST_ID=f"chaos-ns{h}",
-                    TORCHCOMM_GLOO_HOSTNAME=NETNS_ADDRS[h],
+                code = "from tests.chaos.faults import netns_rank_main; netns_rank_main()"
+                cmd, env = netns_rank_cmd(
+                    names,
+                    rank,
+                    "chaos-ns",
+                    code,
                     TORCHCOMM_ABORT_ON_ERROR="0",
                     CHAOS_STORE_ADDR=NETNS_ADDRS[0],
                     CHAOS_STORE_PORT=str(port),
                     CHAOS_TIMEOUT_S=str(TIMEOUT_S * scale),
                     CHAOS_TRANSPORT=transport,
                     CHAOS_OUT=str(tmp),
-                    PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),
                 )
-                for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
-                    env.pop(var, None)
-                code = "from tests.chaos.faults import netns_rank_main; netns_rank_main()"
-                cmd = ["ip", "netns", "exec", names[h], sys.executable, "-c", code]
                 procs.append(
                     subprocess.Popen(
                         cmd,

@@ -4,11 +4,11 @@
 members' identities (host, pid), the op executor (issue order; async ops run on the
 comm's one executor thread, sync ops inline on the caller's), deadlines, and turning
 transport errors into typed errors that name the comm, op and peers.  Which bytes move
-how is one ``CpuOps`` object (``cpu_ops``), picked once in ``_connect``:
-
-* ``ShmOps`` (``cpu_shm``) when every member shares this host;
-* ``HierOps`` (``cpu_hier``) when members span hosts and some host holds several;
-* ``GlooOps`` (``cpu_gloo``) otherwise, or when ``transport=tcp`` is asked for.
+how is one ``CpuOps`` object (``cpu_ops``), picked once in ``_connect`` by
+``cpu_transport`` (shm on one host, hierarchical across hosts when some host holds
+several members, flat gloo otherwise).  Connecting is collective and names a member that
+dies or never arrives (``cpu_connect``): it ends with a rendezvous, so every member gets
+a communicator or every member raises.
 
 Each op method is one dispatch to that object.  A timeout, a dead peer or a mismatch is
 reported to the communicator's state machine (``report_failure``): later ops fail fast
@@ -20,7 +20,6 @@ from __future__ import annotations
 import atexit
 import hashlib
 import logging
-import os
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -30,11 +29,9 @@ import torch
 import torch._C._distributed_c10d as c10d
 
 from torchcomms import bootstrap, config
-from torchcomms.backends import cpu_connect, cpu_errors, cpu_hier, cpu_shm
+from torchcomms.backends import cpu_connect, cpu_errors, cpu_transport
 from torchcomms.backends._host import CPU_DTYPES
 from torchcomms.backends.contract import CommBackend
-from torchcomms.backends.cpu_gloo import GlooOps
-from torchcomms.backends.cpu_liveness import Liveness
 from torchcomms.backends.cpu_ops import Completion, CpuOps
 from torchcomms.bootstrap import CommStore
 from torchcomms.deadline import Deadline
@@ -45,7 +42,6 @@ from torchcomms.errors import (
 )
 from torchcomms.executor import OpExecutor
 from torchcomms.state import CommState
-from torchcomms.transport import gloo
 from torchcomms.types import CommOptions, OpOptions, P2POp, P2POpType, ReduceOp
 from torchcomms.work import AsyncWork, CompletedWork, TorchWork
 
@@ -137,16 +133,40 @@ class TorchCommGloo(CommBackend):
         self._timeout = options.timeout
         self._hints = dict(options.hints)
         self._store = store
-        self._peers = self._exchange_identities(store.store)
+        self._peers = cpu_connect.exchange_identities(
+            store.store,
+            rank,
+            size,
+            bootstrap.host_identity(),
+            Deadline(options.timeout),
+            cpu_connect.connect_prefix(name, rank),
+        )
         try:
-            self._ops = self._open_transport(config.transport(options.hints.get("transport")))
+            self._ops = cpu_transport.open_transport(
+                config.transport(options.hints.get("transport")),
+                store.store,
+                name,
+                rank,
+                self._peers,
+                options,
+            )
         except CommError as exc:
             if rank == 0 and size > 1:  # members past this step wait for rank 0's verdict
                 for step in ("preconnect", "connected"):
                     cpu_connect.publish_failure(store.store, f"{step}/all", exc)
             raise
         try:
-            self._agree_connected(store.store)
+            # The last step: a member that died after its transport was up is named by all.
+            cpu_connect.rendezvous(
+                store.store,
+                "connected",
+                rank,
+                size,
+                Deadline(options.timeout),
+                cpu_connect.local_pids(self._peers, rank),
+                cpu_connect.connect_prefix(name, rank),
+                "the final handshake",
+            )
         except BaseException:
             self._ops.close(failed=True)
             self._ops = None
@@ -162,124 +182,6 @@ class TorchCommGloo(CommBackend):
             self.transport,
             extra={"comm": name, "rank": rank, "size": size, "transport": self.transport},
         )
-
-    def _open_transport(self, mode: str) -> CpuOps:
-        """The one ops object of this comm (collective over the members; see module docstring)."""
-        assert self._store is not None
-        store = self._store.store
-        options = self._options
-        if self._use_shm(mode):
-            return cpu_shm.ShmOps(
-                cpu_shm.open_collectives(
-                    c10d.PrefixStore("shm", store),
-                    self._rank,
-                    self._size,
-                    [pid for _, pid in self._peers],
-                    options.hints,
-                    options.timeout,
-                    f"comm={self._name}",
-                )
-            )
-        lazy = True if "lazy" in options.hints else None
-        hosts = [host for host, _ in self._peers]
-        desc, device = gloo.choose_device(options.hints, hosts, hosts[self._rank], lazy)
-        # gloo's connect holds the GIL while it waits for a peer's address: meet first, so
-        # a member that died since the identity exchange is named now, not at the timeout.
-        self._rendezvous(store, "preconnect", "the gloo connect")
-        local = self._local_pids()
-        pg = cpu_connect.guarded(
-            lambda: gloo.new_process_group(
-                c10d.PrefixStore("gloo", store), self._rank, self._size, options.timeout, device
-            ),
-            Deadline(options.timeout),
-            local,
-            list(local),
-            f"[TorchCommGloo comm={self._name} rank={self._rank}] new_comm: ",
-            "the gloo connect",
-        )
-        liveness = Liveness(
-            c10d.PrefixStore("lv", store),
-            self._rank,
-            self._peers,
-            self._name,
-            config.liveness_period_s(),
-        )
-        flat = GlooOps(
-            pg, self._rank, self._size, self._peers, desc, liveness, config.mismatch_check()
-        )
-        if mode != "tcp" and cpu_hier.wanted(self._peers) and not cpu_shm.unsupported_reason():
-            describe = f"comm={self._name}"
-            try:
-                return cpu_hier.connect(
-                    store, flat, self._peers, options.hints, options.timeout, device, describe
-                )
-            except BaseException:
-                flat.close(failed=True)
-                raise
-        return flat
-
-    def _agree_connected(self, store: c10d.Store) -> None:
-        """The last step of ``new_comm``: every member connected, or every member raises
-        naming who did not (a member that died after its own transport was up, too)."""
-        self._rendezvous(store, "connected", "the final handshake")
-
-    def _rendezvous(self, store: c10d.Store, key: str, what: str) -> None:
-        cpu_connect.rendezvous(
-            store,
-            key,
-            self._rank,
-            self._size,
-            Deadline(self._timeout),
-            self._local_pids(),
-            f"[TorchCommGloo comm={self._name} rank={self._rank}] new_comm: ",
-            what,
-        )
-
-    def _local_pids(self) -> dict[int, int]:
-        """Comm rank -> pid of the other members on this host (their deaths are visible)."""
-        me = self._peers[self._rank][0]
-        return {
-            r: pid for r, (host, pid) in enumerate(self._peers) if host == me and r != self._rank
-        }
-
-    def _use_shm(self, mode: str) -> bool:
-        """Shared memory when every member shares this host (``tcp`` forces gloo)."""
-        if mode == "tcp":
-            return False
-        me = self._peers[self._rank][0]
-        local = all(host == me for host, _ in self._peers)
-        reason = cpu_shm.unsupported_reason()
-        if mode == "shm":
-            if reason is not None:
-                raise CommError(
-                    f"[TorchCommGloo comm={self._name} rank={self._rank}] transport=shm "
-                    f"requested but unavailable: {reason}"
-                )
-            if not local:
-                hosts = len({host for host, _ in self._peers})
-                raise CommError(
-                    f"[TorchCommGloo comm={self._name} rank={self._rank}] transport=shm "
-                    f"requested but the members span {hosts} hosts; use auto or tcp"
-                )
-        return local and reason is None
-
-    def _exchange_identities(self, store: c10d.Store) -> list[tuple[str, int]]:
-        """Every member's (host identity, pid), in comm rank order, through the store."""
-        store.set(f"host/{self._rank}", f"{bootstrap.host_identity()}\n{os.getpid()}")
-        keys = [f"host/{r}" for r in range(self._size)]
-        cpu_connect.wait_keys(
-            store,
-            {k: r for r, k in enumerate(keys)},
-            Deadline(self._timeout),
-            {},
-            f"[TorchCommGloo comm={self._name} rank={self._rank}] new_comm: ",
-            "the identity exchange",
-        )
-        peers = []
-        for key in keys:
-            host, _, pid = store.get(key).decode().rpartition("\n")
-            peers.append((host, int(pid)))
-        return peers
 
     def finalize(self) -> None:
         self._release(join_timeout_s=self._timeout.total_seconds())

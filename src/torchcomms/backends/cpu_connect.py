@@ -14,6 +14,7 @@ Runs on the thread that creates the communicator.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +33,11 @@ T = TypeVar("T")
 _SLICE = timedelta(milliseconds=50)
 #: The longest pause between two ``check`` polls of a connect-time wait.
 _POLL_MAX_S = 0.05
+
+
+def connect_prefix(name: str, rank: int) -> str:
+    """How connect-time errors begin: ``[TorchCommGloo comm=NAME rank=R] new_comm: ``."""
+    return f"[TorchCommGloo comm={name} rank={rank}] new_comm: "
 
 
 def _check_dead(
@@ -163,3 +169,23 @@ def rendezvous(
     verdict = store.get(f"{key}/all").decode()
     if verdict != "ok":
         raise failure_from(verdict, prefix, what)
+
+
+def exchange_identities(
+    store: c10d.Store, rank: int, size: int, identity: str, deadline: Deadline, prefix: str
+) -> list[tuple[str, int]]:
+    """Every member's (host identity, pid), in comm rank order, through the store."""
+    store.set(f"host/{rank}", f"{identity}\n{os.getpid()}")
+    keys = {f"host/{r}": r for r in range(size)}
+    wait_keys(store, keys, deadline, {}, prefix, "the identity exchange")
+    peers = []
+    for key in keys:
+        host, _, pid = store.get(key).decode().rpartition("\n")
+        peers.append((host, int(pid)))
+    return peers
+
+
+def local_pids(peers: Sequence[tuple[str, int]], rank: int) -> dict[int, int]:
+    """Comm rank -> pid of the other members on ``rank``'s host (their deaths are visible)."""
+    me = peers[rank][0]
+    return {r: pid for r, (host, pid) in enumerate(peers) if host == me and r != rank}

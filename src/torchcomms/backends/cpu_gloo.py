@@ -38,7 +38,7 @@ from torchcomms import fingerprint as F
 from torchcomms.backends._host import finish_average, on_host, overlaps
 from torchcomms.backends.cpu_liveness import Liveness
 from torchcomms.backends.cpu_ops import Completion, CpuOps
-from torchcomms.backends.shm_collectives import reduce_rows
+from torchcomms.backends.reductions import reduce_rows
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
 from torchcomms.transport import gloo, shm_segment

@@ -127,8 +127,7 @@ def connect(
     rank = flat.rank
     topo = topology(peers, rank)
     deadline = Deadline(timeout)
-    me = peers[rank][0]
-    local_pids = {r: pid for r, (h, pid) in enumerate(peers) if h == me and r != rank}
+    local_pids = cpu_connect.local_pids(peers, rank)
     prefix = f"[TorchCommGloo {describe} rank={rank}] new_comm: "
     local: ShmCollectives | None = None
     members = topo.hosts[topo.host]

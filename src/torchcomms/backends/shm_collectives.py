@@ -30,11 +30,12 @@ communicator's executor, or the caller's for a sync op), one op at a time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from torchcomms import fingerprint as F
+from torchcomms.backends.reductions import BINARY, BINARY_BOOL, reduce_rows
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
 from torchcomms.transport.shm_channel import ShmChannel
@@ -44,67 +45,6 @@ from torchcomms.types import RedOpType, ReduceOp
 # whether it pre-multiplies / reduces with a plain torch.sum (decided once per shape).
 _Pair = tuple[torch.Tensor, torch.Tensor]
 _Plan = tuple[Fingerprint, _Pair, _Pair, bool, bool]
-
-_ANY = (RedOpType.SUM, RedOpType.MAX, RedOpType.BOR, RedOpType.AVG, RedOpType.PREMUL_SUM)
-_ALL = (RedOpType.PRODUCT, RedOpType.MIN, RedOpType.BAND)
-
-
-# Two-operand forms of the reductions (the two-rank large all_reduce); PREMUL_SUM is absent.
-_BINARY: dict[RedOpType, Callable[..., torch.Tensor]] = {
-    RedOpType.SUM: torch.add,
-    RedOpType.AVG: torch.add,
-    RedOpType.PRODUCT: torch.mul,
-    RedOpType.MIN: torch.minimum,
-    RedOpType.MAX: torch.maximum,
-    RedOpType.BAND: torch.bitwise_and,
-    RedOpType.BOR: torch.bitwise_or,
-    RedOpType.BXOR: torch.bitwise_xor,
-}
-_BINARY_BOOL: dict[RedOpType, Callable[..., torch.Tensor]] = {
-    RedOpType.SUM: torch.logical_or,
-    RedOpType.AVG: torch.logical_or,
-    RedOpType.MAX: torch.logical_or,
-    RedOpType.BOR: torch.logical_or,
-    RedOpType.PRODUCT: torch.logical_and,
-    RedOpType.MIN: torch.logical_and,
-    RedOpType.BAND: torch.logical_and,
-    RedOpType.BXOR: torch.logical_xor,
-}
-
-
-def reduce_rows(rows: torch.Tensor, out: torch.Tensor, op: ReduceOp) -> None:
-    """Reduce ``rows`` ([ranks, n], rank order) into ``out`` ([n]) with ``op``."""
-    t = op.type
-    if out.dtype is torch.bool:
-        if t in _ANY:
-            torch.any(rows, 0, out=out)
-        elif t in _ALL:
-            torch.all(rows, 0, out=out)
-        else:
-            _fold(rows, out, torch.bitwise_xor)
-        return
-    if t in (RedOpType.SUM, RedOpType.AVG, RedOpType.PREMUL_SUM):
-        torch.sum(rows, 0, dtype=out.dtype, out=out)
-    elif t is RedOpType.MAX:
-        torch.amax(rows, 0, out=out)
-    elif t is RedOpType.MIN:
-        torch.amin(rows, 0, out=out)
-    elif t is RedOpType.PRODUCT:
-        torch.prod(rows, 0, dtype=out.dtype, out=out)
-    elif t is RedOpType.BAND:
-        _fold(rows, out, torch.bitwise_and)
-    elif t is RedOpType.BOR:
-        _fold(rows, out, torch.bitwise_or)
-    elif t is RedOpType.BXOR:
-        _fold(rows, out, torch.bitwise_xor)
-    else:  # pragma: no cover - every RedOpType is handled above
-        raise RuntimeError(f"reduce op {t.name} is not implemented by the shm transport")
-
-
-def _fold(rows: torch.Tensor, out: torch.Tensor, fn: object) -> None:
-    out.copy_(rows[0])
-    for i in range(1, rows.shape[0]):
-        fn(out, rows[i], out=out)  # type: ignore[operator]
 
 
 def _store(dst: torch.Tensor, src: torch.Tensor, op: ReduceOp | None) -> None:
@@ -256,7 +196,7 @@ class ShmCollectives:
         with the peer's copy (one binary kernel), and publishes the result for the peer.
         False when ``op`` needs the general path (PREMUL_SUM's own pre-multiplication).
         """
-        fn = (_BINARY_BOOL if chunk.dtype is torch.bool else _BINARY).get(op.type)
+        fn = (BINARY_BOOL if chunk.dtype is torch.bool else BINARY).get(op.type)
         if fn is None:
             return False
         chan = self.chan

@@ -1,0 +1,169 @@
+"""How long survivors take to learn of a fault: p50 / p99 per transport and fault.
+
+    python benchmarks/diagnostics/detection_times.py [--trials 20] [--world 3] [--json out.json]
+
+Faults, each on a fresh communicator of ``--world`` ranks whose last rank is the victim:
+
+* ``kill``: the victim SIGKILLs itself 0.2 s after the others entered an all_reduce;
+  detection = each survivor's ``PeerFailureError`` time minus the kill time.
+* ``stop``: the victim is SIGSTOPped before a 1 s-timeout all_reduce; detection = each
+  survivor's ``CommTimeoutError`` time minus the op's deadline (the overshoot).
+* ``mismatch``: the victim passes a different size; detection = time from entering the
+  op to ``CollectiveMismatchError``, every rank.
+
+Placements: ``shm`` and ``tcp`` on this host, and ``tcp-hosts`` (every rank its own
+simulated host, ``TORCHCOMM_HOST_ID``: deaths are learned through the side-connection
+ring, not pids).  Ranks are forked from this process (torch already imported), so a trial
+costs about a second.  Times come from ``time.monotonic()``, one clock for the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing as mp
+import os
+import platform
+import signal
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+PLACEMENTS = ("shm", "tcp", "tcp-hosts")
+FAULTS = ("kill", "stop", "mismatch")
+
+
+def _rank(rank: int, world: int, path: str, placement: str, fault: str, q: Any) -> None:
+    os.environ.update(TORCHCOMM_RANK=str(rank), TORCHCOMM_SIZE=str(world))
+    os.environ["TORCHCOMM_ABORT_ON_ERROR"] = "0"
+    if placement == "tcp-hosts":
+        os.environ["TORCHCOMM_HOST_ID"] = f"detect-host-{rank}"
+    import torchcomms
+
+    store = dist.FileStore(path, world)
+    comm = torchcomms.new_comm(
+        "gloo",
+        torch.device("cpu"),
+        name="detect",
+        store=store,
+        timeout=datetime.timedelta(seconds=30),
+        hints={"transport": "shm" if placement == "shm" else "tcp"},
+    )
+    victim = world - 1
+    t = torch.ones(8)
+    comm.all_reduce(t, torchcomms.ReduceOp.SUM, False)
+    comm.barrier(False)
+    store.set(f"pid/{rank}", str(os.getpid()))
+    if fault == "kill" and rank == victim:
+        time.sleep(0.2)
+        store.set("killed_at", repr(time.monotonic()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault == "stop":
+        if rank == victim:
+            store.wait(["released"], datetime.timedelta(seconds=60))
+            os._exit(0)
+        if rank == 0:
+            os.kill(int(store.get(f"pid/{victim}").decode()), signal.SIGSTOP)
+        store.set(f"stopped/{rank}", "1")
+        store.wait([f"stopped/{r}" for r in range(world - 1)])
+    n = 9 if fault == "mismatch" and rank == victim else 8
+    timeout = datetime.timedelta(seconds=1) if fault == "stop" else None
+    start = time.monotonic()
+    try:
+        comm.all_reduce(torch.ones(n), torchcomms.ReduceOp.SUM, False, timeout=timeout)
+        kind = "returned"
+    except Exception as exc:
+        kind = type(exc).__name__
+    end = time.monotonic()
+    if fault == "kill":
+        store.wait(["killed_at"])
+        base = float(store.get("killed_at").decode())
+    elif fault == "stop":
+        base = start + 1.0
+    else:
+        base = start
+    q.put((rank, kind, end - base))
+    if fault == "stop" and rank == 0:
+        store.set(f"reported/{rank}", "1")
+        os.kill(int(store.get(f"pid/{victim}").decode()), signal.SIGCONT)
+        store.set("released", "1")
+    os._exit(0)  # the comm is broken by design; skip its teardown
+
+
+EXPECTED = {
+    "kill": "PeerFailureError",
+    "stop": "CommTimeoutError",
+    "mismatch": "CollectiveMismatchError",
+}
+
+
+def _trial(world: int, placement: str, fault: str) -> list[tuple[int, str, float]]:
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    path = tempfile.mktemp(prefix="detect_")
+    procs = [
+        ctx.Process(target=_rank, args=(r, world, path, placement, fault, q)) for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    reporters = world if fault == "mismatch" else world - 1
+    got = [q.get(timeout=120) for _ in range(reporters)]
+    for p in procs:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+    return got
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--world", type=int, default=3)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    rows: dict[str, Any] = {}
+    for placement in PLACEMENTS:
+        for fault in FAULTS:
+            times: list[float] = []
+            wrong: list[str] = []
+            for _ in range(args.trials):
+                for _rank_id, kind, seconds in _trial(args.world, placement, fault):
+                    if kind != EXPECTED[fault]:
+                        wrong.append(kind)
+                    times.append(seconds)
+            times.sort()
+            p50 = statistics.median(times)
+            p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
+            rows[f"{placement}/{fault}"] = {
+                "p50_s": round(p50, 4),
+                "p99_s": round(p99, 4),
+                "max_s": round(times[-1], 4),
+                "samples": len(times),
+                "unexpected": wrong,
+            }
+            print(
+                f"{placement:10s} {fault:9s} p50 {p50 * 1e3:8.1f} ms  p99 {p99 * 1e3:8.1f} ms  "
+                f"max {times[-1] * 1e3:8.1f} ms  n={len(times)}  unexpected={wrong}",
+                flush=True,
+            )
+    if args.json:
+        doc = {
+            "command": "python benchmarks/diagnostics/detection_times.py "
+            f"--trials {args.trials} --world {args.world}",
+            "what": "kill: error time - kill time; stop: error time - op deadline; "
+            "mismatch: error time - op entry",
+            "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+            "torch": torch.__version__,
+            "results": rows,
+        }
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

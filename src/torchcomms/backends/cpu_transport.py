@@ -1,0 +1,99 @@
+"""Which transport a CPU communicator uses, and connecting it (collective over the members).
+
+* shm (``cpu_shm``) when every member shares this host;
+* hierarchical (``cpu_hier``) when members span hosts and some host holds several;
+* flat gloo (``cpu_gloo``) otherwise, or when ``transport=tcp`` is asked for.
+
+Locality comes from the members' host identities (exchanged first, ``cpu_connect``), never
+from being able to open a segment.  The tcp and hierarchical paths get a liveness watcher
+(``cpu_liveness``).  Runs on the thread that creates the communicator.
+"""
+
+from __future__ import annotations
+
+import torch._C._distributed_c10d as c10d
+
+from torchcomms import config
+from torchcomms.backends import cpu_connect, cpu_hier, cpu_shm
+from torchcomms.backends.cpu_gloo import GlooOps
+from torchcomms.backends.cpu_liveness import Liveness
+from torchcomms.backends.cpu_ops import CpuOps
+from torchcomms.deadline import Deadline
+from torchcomms.errors import CommError
+from torchcomms.transport import gloo
+from torchcomms.types import CommOptions
+
+
+def open_transport(
+    mode: str,
+    store: c10d.Store,
+    name: str,
+    rank: int,
+    peers: list[tuple[str, int]],
+    options: CommOptions,
+) -> CpuOps:
+    """The one ops object of a comm; ``mode`` is ``auto``, ``shm`` or ``tcp``."""
+    size = len(peers)
+    prefix = cpu_connect.connect_prefix(name, rank)
+    if _use_shm(mode, peers, rank, name):
+        return cpu_shm.ShmOps(
+            cpu_shm.open_collectives(
+                c10d.PrefixStore("shm", store),
+                rank,
+                size,
+                [pid for _, pid in peers],
+                options.hints,
+                options.timeout,
+                f"comm={name}",
+            )
+        )
+    lazy = True if "lazy" in options.hints else None
+    hosts = [host for host, _ in peers]
+    desc, device = gloo.choose_device(options.hints, hosts, hosts[rank], lazy)
+    local = cpu_connect.local_pids(peers, rank)
+    deadline = Deadline(options.timeout)
+    # gloo's connect holds the GIL while it waits for a peer's address: meet first, so a
+    # member that died since the identity exchange is named now, not at the timeout.
+    cpu_connect.rendezvous(
+        store, "preconnect", rank, size, deadline, local, prefix, "the gloo connect"
+    )
+    pg = cpu_connect.guarded(
+        lambda: gloo.new_process_group(
+            c10d.PrefixStore("gloo", store), rank, size, options.timeout, device
+        ),
+        deadline,
+        local,
+        list(local),
+        prefix,
+        "the gloo connect",
+    )
+    liveness = Liveness(
+        c10d.PrefixStore("lv", store), rank, peers, name, config.liveness_period_s()
+    )
+    flat = GlooOps(pg, rank, size, peers, desc, liveness, config.mismatch_check())
+    if mode != "tcp" and cpu_hier.wanted(peers) and not cpu_shm.unsupported_reason():
+        try:
+            return cpu_hier.connect(
+                store, flat, peers, options.hints, options.timeout, device, f"comm={name}"
+            )
+        except BaseException:
+            flat.close(failed=True)
+            raise
+    return flat
+
+
+def _use_shm(mode: str, peers: list[tuple[str, int]], rank: int, name: str) -> bool:
+    """Shared memory when every member shares this host (``tcp`` forces gloo)."""
+    if mode == "tcp":
+        return False
+    me = peers[rank][0]
+    local = all(host == me for host, _ in peers)
+    reason = cpu_shm.unsupported_reason()
+    if mode == "shm":
+        where = f"[TorchCommGloo comm={name} rank={rank}] transport=shm requested but"
+        if reason is not None:
+            raise CommError(f"{where} unavailable: {reason}")
+        if not local:
+            hosts = len({host for host, _ in peers})
+            raise CommError(f"{where} the members span {hosts} hosts; use auto or tcp")
+    return local and reason is None

@@ -1,0 +1,93 @@
+"""The long fault matrix (``-m chaos``): faults x ops x placements x worlds x positions.
+
+Faults: SIGKILL and SIGSTOP of the last rank, a mismatched size, a skipped op.  Ops:
+all_reduce, broadcast, all_gather, reduce_scatter, all_to_all, send/recv (a ring) and
+barrier.  Placements: one host over shm, one host over tcp, two ranks per simulated
+host (hierarchical).  Worlds 2-4.  Positions: the fault before the op or while the
+others wait in it.  Every trial asserts the error type and the exact ranks named, the
+bound, and that nothing returned success with a wrong result.  The default run has a
+subset (``test_faults.py``); this takes about half an hour on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.chaos import matrix
+from tests.harness import RankFailure, run_ranks
+
+OPS = (
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "send_recv",
+    "barrier",
+)
+DEAD_BOUND_S = 3.0
+
+
+def _cases() -> list[tuple[str, str, str, int, str]]:
+    cases = []
+    for fault in ("kill", "stop", "mismatch", "skipped"):
+        for op in OPS:
+            if fault == "mismatch" and op in ("send_recv", "barrier"):
+                continue  # p2p sizes are not fingerprinted; a barrier has no size
+            if fault == "skipped" and op == "send_recv":
+                continue  # a skipped point-to-point op is a timeout, covered by "stop"
+            for placement in matrix.PLACEMENTS:
+                for world in (2, 3, 4):
+                    if placement == "hier" and world == 2:
+                        continue  # two ranks on one simulated host: that is shm
+                    positions = ("before", "during") if fault in ("kill", "stop") else ("before",)
+                    for position in positions:
+                        cases.append((fault, op, placement, world, position))
+    return cases
+
+
+def _names_only(text: str, victim: int, world: int) -> bool:
+    others = [r for r in range(world) if r != victim]
+    return bool(re.search(rf"\brank {victim}\b", text)) and not any(
+        re.search(rf"\branks? (\d+, )*{r}\b", text) for r in others
+    )
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize(("fault", "op", "placement", "world", "position"), _cases())
+def test_matrix(
+    fault: str, op: str, placement: str, world: int, position: str, tmp_path: Path
+) -> None:
+    victim = world - 1
+    args = (fault, op, placement, position, str(tmp_path))
+    if fault == "kill":
+        with pytest.raises(RankFailure) as info:
+            run_ranks(matrix.trial, world, *args, timeout=120, fresh=True)
+        assert set(info.value.died) == {victim}, str(info.value)
+        assert not info.value.timed_out, str(info.value)
+    else:
+        run_ranks(matrix.trial, world, *args, timeout=120, fresh=fault == "stop")
+    ranks = [r for r in range(world) if r != victim] if fault in ("kill", "stop") else range(world)
+    for rank in ranks:
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        got = seen["op"]
+        where = (fault, op, placement, world, position, rank, got)
+        assert not got.get("wrong"), where  # never success with wrong data
+        if op == "send_recv" and got["type"] is None and rank != 0:
+            continue  # ring p2p not involving the victim's send may finish, correctly
+        if fault == "kill":
+            assert got["type"] == "PeerFailureError", where
+            assert f"peer rank {victim} died" in got["text"], where
+            assert _names_only(got["text"], victim, world), where
+            assert got["s"] < DEAD_BOUND_S, where
+        elif fault == "stop":
+            assert got["type"] == "CommTimeoutError", where
+            assert _names_only(got["text"], victim, world), where
+            assert got["s"] < matrix.OP_TIMEOUT_S + 2.0, where
+        else:
+            assert got["type"] == "CollectiveMismatchError", where
+            assert f"rank {victim} passed" in got["text"], where
