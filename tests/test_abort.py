@@ -164,8 +164,10 @@ def test_abort_fails_pending_works_promptly(env: dict[str, str], tmp_path: Path)
     assert "comm=short" in text and "all_reduce" in text and "timed out" in text, text
 
     assert r0["supported_before"] == (True, False)
-    assert r0["abort_s"] < _scaled(0.1), r0["abort_s"]
-    assert r0["second_abort_s"] < _scaled(0.01), r0["second_abort_s"]
+    # Hang guards, not measurements (abort() takes ~20 ms on a quiet 2-core box; a loaded
+    # one has shown 170 ms): abort never waits for a peer or a stuck call.
+    assert r0["abort_s"] < _scaled(1.0), r0["abort_s"]
+    assert r0["second_abort_s"] < _scaled(0.1), r0["second_abort_s"]
     waits = r0["waits"]
     assert set(waits) == {"stuck", "queued", "posted"}, waits
     for key, (outcome, message, seconds) in waits.items():

@@ -23,6 +23,7 @@ deadlock.  Runs on the op's thread (see ``cpu_ops``); ``abort`` on any thread.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from collections import defaultdict
@@ -59,8 +60,10 @@ _HEADER_BYTES = _HEADER_WORDS * 8
 #: One wait slice: how soon a waiting op sees a dead peer, an abort or its deadline.
 _SLICE = timedelta(milliseconds=50)
 _SLICE_S = _SLICE.total_seconds()
-#: gloo's own per-call timeout runs this much past the op's deadline (a backstop).
+#: gloo's own timeouts (the process group's default, and per call when an op's timeout
+#: is longer) run this much past the op's deadline: a backstop, so ours names who is missing.
 _GLOO_MARGIN_S = 5.0
+GLOO_MARGIN = timedelta(seconds=_GLOO_MARGIN_S)
 #: How long a broken connection waits for a local peer's death to show before it is
 #: reported as a failure of an unnamed peer (a remote peer's death is not seen by pid).
 _ATTRIBUTION_S = 1.0
@@ -93,6 +96,7 @@ class GlooOps(CpuOps):
         device_desc: str,
         liveness: Liveness | None = None,
         check: bool = True,
+        pg_timeout: timedelta = timedelta(seconds=600),
     ) -> None:
         self.pg = pg
         self.rank = rank
@@ -111,8 +115,14 @@ class GlooOps(CpuOps):
         self._recv_seq: dict[int, int] = defaultdict(int)
         self._src = torch.zeros(_WORDS, dtype=torch.int64)
         self._out = torch.zeros(size * _WORDS, dtype=torch.int64)
-        self._src_words = self._src.numpy()
+        self._src_words = self._src.numpy().data.cast("B").cast("q")
+        self._src_words[0] = _MAGIC
+        self._src_payload = self._src.data_ptr() + _HEADER_BYTES
+        self._out_words = self._out.numpy().data.cast("B").cast("q")
+        self._row_starts = [r * _WORDS for r in range(size)]
         self._rows = self._out.numpy().reshape(size, _WORDS)
+        self._pg_timeout = pg_timeout
+        self._views: dict[tuple[torch.dtype, int], torch.Tensor] = {}  # payload rows by shape
         self._src_bytes = self._src.view(torch.uint8)
         self._out_bytes = self._out.view(torch.uint8).view(size, _WORDS * 8)
 
@@ -162,32 +172,37 @@ class GlooOps(CpuOps):
         if payload is None and not self.check:
             return None
         words = self._src_words
-        words[0] = _MAGIC
         words[1] = self.seq
         words[2], words[3], words[4] = fp
         if payload is not None and payload.numel():
             nbytes = payload.numel() * payload.element_size()
-            self._src_bytes[_HEADER_BYTES : _HEADER_BYTES + nbytes].copy_(
-                payload.reshape(-1).view(torch.uint8)
-            )
+            if payload.is_cpu and payload.is_contiguous():
+                ctypes.memmove(self._src_payload, payload.data_ptr(), nbytes)
+            else:
+                self._src_bytes[_HEADER_BYTES : _HEADER_BYTES + nbytes].copy_(
+                    payload.reshape(-1).view(torch.uint8)
+                )
         o = c10d.AllgatherOptions()
         self.arm(o, deadline)
-        self.wait(
-            self.pg._allgather_base(self._out, self._src, o), deadline, F.OP_NAMES[fp[1] & 0xFF]
-        )
-        rows = self._rows
-        heads = rows[:, 1:5]
-        if not (heads == heads[self.rank]).all():
-            by_rank = [((int(r[2]), int(r[3]), int(r[4])), int(r[1])) for r in rows]
-            found = F.mismatch(by_rank)
-            bad, text = found if found is not None else ([], "different headers")
-            what = F.OP_NAMES[fp[1] & 0xFF]
-            raise WaitError("mismatch", bad, f"{what}: collective mismatch: {text}")
+        what = F.OP_NAMES[fp[1] & 0xFF]
+        self.wait(self.pg._allgather_base(self._out, self._src, o), deadline, what)
+        got = self._out_words
+        mine = words[1:5]
+        for base in self._row_starts:  # the common case: equal headers, a few int compares
+            if got[base + 1 : base + 5] != mine:
+                rows = self._rows
+                by_rank = [((int(r[2]), int(r[3]), int(r[4])), int(r[1])) for r in rows]
+                found = F.mismatch(by_rank)
+                bad, text = found if found is not None else ([], "different headers")
+                raise WaitError("mismatch", bad, f"{what}: collective mismatch: {text}")
         return self._out_bytes
 
     def arm(self, gloo_options: Any, deadline: Deadline) -> None:
-        """gloo's own timeout for one call: past the op's deadline, which ``wait`` enforces."""
-        gloo_options.timeout = timedelta(seconds=deadline.left_s() + _GLOO_MARGIN_S)
+        """gloo's own timeout for one call, a backstop past the op's deadline (which ``wait``
+        enforces): the process group's default (the comm timeout plus ``GLOO_MARGIN``),
+        unless this op's timeout is longer than the comm's."""
+        if deadline.timeout > self._pg_timeout:
+            gloo_options.timeout = timedelta(seconds=deadline.left_s() + _GLOO_MARGIN_S)
 
     def wait(
         self, work: Any, deadline: Deadline, what: str, peers: Sequence[int] | None = None
@@ -342,8 +357,14 @@ class GlooOps(CpuOps):
         n = out.numel()
         if n == 0:
             return
-        nbytes = n * out.element_size()
-        data = rows[:, _HEADER_BYTES : _HEADER_BYTES + nbytes].view(out.dtype)
+        key = (out.dtype, n)
+        data = self._views.get(key)
+        if data is None:
+            nbytes = n * out.element_size()
+            data = rows[:, _HEADER_BYTES : _HEADER_BYTES + nbytes].view(out.dtype)
+            if len(self._views) > 256:
+                self._views.clear()
+            self._views[key] = data
         reduce_rows(data, out.view(-1), op)
 
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, deadline: Deadline) -> None:

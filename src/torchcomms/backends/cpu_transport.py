@@ -15,7 +15,7 @@ import torch._C._distributed_c10d as c10d
 
 from torchcomms import config
 from torchcomms.backends import cpu_connect, cpu_hier, cpu_shm
-from torchcomms.backends.cpu_gloo import GlooOps
+from torchcomms.backends.cpu_gloo import GLOO_MARGIN, GlooOps
 from torchcomms.backends.cpu_liveness import Liveness
 from torchcomms.backends.cpu_ops import CpuOps
 from torchcomms.deadline import Deadline
@@ -59,7 +59,7 @@ def open_transport(
     )
     pg = cpu_connect.guarded(
         lambda: gloo.new_process_group(
-            c10d.PrefixStore("gloo", store), rank, size, options.timeout, device
+            c10d.PrefixStore("gloo", store), rank, size, options.timeout + GLOO_MARGIN, device
         ),
         deadline,
         local,
@@ -70,7 +70,7 @@ def open_transport(
     liveness = Liveness(
         c10d.PrefixStore("lv", store), rank, peers, name, config.liveness_period_s()
     )
-    flat = GlooOps(pg, rank, size, peers, desc, liveness, config.mismatch_check())
+    flat = GlooOps(pg, rank, size, peers, desc, liveness, config.mismatch_check(), options.timeout)
     if mode != "tcp" and cpu_hier.wanted(peers) and not cpu_shm.unsupported_reason():
         try:
             return cpu_hier.connect(

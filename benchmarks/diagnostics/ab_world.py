@@ -1,0 +1,120 @@
+"""A/B two source trees on a real 2-rank world: all_reduce p50 over shm and tcp, alternating.
+
+    python benchmarks/diagnostics/ab_world.py A_SRC B_SRC [--blocks 6] [--iters 300]
+        [--json out.json]
+
+``A_SRC``/``B_SRC`` are ``src`` folders of two checkouts (e.g. a ``git worktree`` of the
+commit before a change, and this one).  Per block, each tree in turn runs one fresh
+2-process job (``TORCHCOMM_RANK``/``SIZE``, a ``FileStore``) that times ``--iters`` sync
+all_reduces per (transport, size) and reports the median per-call time of rank 0.  The
+blocks alternate A, B, A, B, … so a shared machine's drift hits both; the result is the
+median over blocks per tree and B - A in microseconds and percent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+SIZES = (8, 4096, 1 << 20)
+TRANSPORTS = ("shm", "tcp")
+
+_CHILD = r"""
+import json, os, sys, time
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+import torchcomms
+torch.set_num_threads(1)
+rank = int(os.environ["TORCHCOMM_RANK"])
+store = dist.FileStore(os.environ["AB_STORE"], 2)
+iters = int(os.environ["AB_ITERS"])
+out = {}
+for transport in ("shm", "tcp"):
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), name="ab_" + transport,
+        store=store, timeout=timedelta(seconds=120), hints={"transport": transport})
+    for nbytes in (8, 4096, 1 << 20):
+        t = torch.ones(nbytes // 4)
+        for _ in range(max(iters // 10, 5)):
+            comm.all_reduce(t, torchcomms.ReduceOp.SUM, False)
+        comm.barrier(False)
+        times = []
+        for _ in range(iters):
+            s = time.perf_counter()
+            comm.all_reduce(t, torchcomms.ReduceOp.SUM, False)
+            times.append(time.perf_counter() - s)
+        times.sort()
+        out[f"{transport}/{nbytes}"] = times[len(times) // 2] * 1e6
+    comm.finalize()
+if rank == 0:
+    print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+def _job(src: str, iters: int) -> dict[str, float]:
+    path = tempfile.mktemp(prefix="ab_world_")
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, PYTHONPATH=src, TORCHCOMM_RANK=str(rank), TORCHCOMM_SIZE="2")
+        env.update(AB_STORE=path, AB_ITERS=str(iters), OMP_NUM_THREADS="1")
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", _CHILD], env=env, stdout=subprocess.PIPE, text=True
+            )
+        )
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    for line in outs[0].splitlines():
+        if line.startswith("RESULT "):
+            return dict(json.loads(line[len("RESULT ") :]))
+    raise RuntimeError(f"no result from {src}: {outs[0][-2000:]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("a_src")
+    ap.add_argument("b_src")
+    ap.add_argument("--blocks", type=int, default=6)
+    ap.add_argument("--iters", type=int, default=300)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    runs: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
+    for _ in range(args.blocks):
+        for tree, src in (("A", args.a_src), ("B", args.b_src)):
+            runs[tree].append(_job(os.path.abspath(src), args.iters))
+    rows = {}
+    for transport in TRANSPORTS:
+        for nbytes in SIZES:
+            key = f"{transport}/{nbytes}"
+            a = statistics.median(r[key] for r in runs["A"])
+            b = statistics.median(r[key] for r in runs["B"])
+            rows[key] = {
+                "a_us": round(a, 2),
+                "b_us": round(b, 2),
+                "b_minus_a_us": round(b - a, 2),
+                "b_over_a": round(b / a, 3),
+            }
+            print(f"{key:14s} A {a:9.2f} us  B {b:9.2f} us  B-A {b - a:+8.2f} us  B/A {b / a:.3f}")
+    if args.json:
+        doc = {
+            "command": f"python benchmarks/diagnostics/ab_world.py A B --blocks {args.blocks} "
+            f"--iters {args.iters}",
+            "a_src": args.a_src,
+            "b_src": args.b_src,
+            "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+            "torch": torch.__version__,
+            "results": rows,
+        }
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
