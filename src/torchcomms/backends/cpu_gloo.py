@@ -10,10 +10,10 @@ barrier finish inside that one call (the reduction runs locally, in rank order, 
 that cannot change a bit of the result), so the check costs them nothing.
 ``TORCHCOMM_MISMATCH_CHECK=0`` drops the header from the other ops.
 
-**Waits.**  A gloo wait runs in short slices; between them it checks the abort flag, the
-peers' liveness (``cpu_liveness``) and the op's deadline, so a dead peer or an abort is
-seen within a slice by every survivor, and a timeout names the ranks that never entered
-the op.  gloo's own per-call timeout is a backstop past the deadline.
+**Waits** (``gloo_waits``).  A gloo wait runs in short slices; between them it checks the
+abort flag, the peers' liveness (``cpu_liveness``) and the op's deadline, so a dead peer
+or an abort is seen within a slice by every survivor, and a timeout names the ranks that
+never entered the op.  gloo's own timeouts are a backstop past the deadline.
 
 Reductions gloo lacks (AVG, PREMUL_SUM) and the variable-size collectives are composed
 here from gloo primitives.  Point-to-point ops are posted to gloo without blocking and
@@ -24,11 +24,8 @@ deadlock.  Runs on the op's thread (see ``cpu_ops``); ``abort`` on any thread.
 from __future__ import annotations
 
 import ctypes
-import threading
-import time
 from collections import defaultdict
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -39,12 +36,12 @@ from torchcomms import fingerprint as F
 from torchcomms.backends._host import finish_average, on_host, overlaps
 from torchcomms.backends.cpu_liveness import Liveness
 from torchcomms.backends.cpu_ops import Completion, CpuOps
+from torchcomms.backends.gloo_waits import GLOO_MARGIN_S, GlooWaiter
 from torchcomms.backends.reductions import reduce_rows
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
 from torchcomms.transport import gloo, shm_segment
 from torchcomms.transport.fault import WaitError
-from torchcomms.transport.shm_channel import ranks_text
 from torchcomms.types import P2POp, P2POpType, RedOpType, ReduceOp
 
 # gloo tags are 32-bit: sequence numbers and user tags wrap within 2**30 (even / odd halves).
@@ -57,16 +54,6 @@ _HEADER_WORDS = 8  # magic, seq, digest, descriptor, count, 3 spare (int64 each)
 INLINE_BYTES = 1024
 _WORDS = _HEADER_WORDS + INLINE_BYTES // 8
 _HEADER_BYTES = _HEADER_WORDS * 8
-#: One wait slice: how soon a waiting op sees a dead peer, an abort or its deadline.
-_SLICE = timedelta(milliseconds=50)
-_SLICE_S = _SLICE.total_seconds()
-#: gloo's own timeouts (the process group's default, and per call when an op's timeout
-#: is longer) run this much past the op's deadline: a backstop, so ours names who is missing.
-_GLOO_MARGIN_S = 5.0
-GLOO_MARGIN = timedelta(seconds=_GLOO_MARGIN_S)
-#: How long a broken connection waits for a local peer's death to show before it is
-#: reported as a failure of an unnamed peer (a remote peer's death is not seen by pid).
-_ATTRIBUTION_S = 1.0
 _EXACT_ORDER_FREE = (RedOpType.MAX, RedOpType.MIN, RedOpType.BAND, RedOpType.BOR)
 
 
@@ -108,9 +95,7 @@ class GlooOps(CpuOps):
         self.liveness = liveness
         self.check = check  # exchange headers on every collective (TORCHCOMM_MISMATCH_CHECK)
         self.seq = 0  # collectives entered
-        self._aborted = False
-        self._troubled = False  # a gloo call failed or was left running: never destroy pg
-        self._p2p_pool: ThreadPoolExecutor | None = None  # waits on send/recv works
+        self.waiter = GlooWaiter(rank, self.dead_peers, liveness, lambda: self.seq)
         self._send_seq: dict[int, int] = defaultdict(int)
         self._recv_seq: dict[int, int] = defaultdict(int)
         self._src = torch.zeros(_WORDS, dtype=torch.int64)
@@ -133,15 +118,13 @@ class GlooOps(CpuOps):
         """Nothing to tell: peers learn of this rank's failure from their own checks."""
 
     def abort(self) -> None:
-        self._aborted = True  # every wait slice checks it
+        self.waiter.aborted = True  # every wait slice checks it
 
     def close(self, failed: bool) -> None:
         if self.liveness is not None:
             self.liveness.close()
-        pool, self._p2p_pool = self._p2p_pool, None
-        if pool is not None:
-            pool.shutdown(wait=False)  # a helper stuck in gloo ends at its call's timeout
-        if (failed or self._troubled) and self.pg is not None:
+        self.waiter.close()
+        if (failed or self.waiter.troubled) and self.pg is not None:
             _abandoned.append(self.pg)  # a gloo op may still run: never destroy it mid-op
         self.pg = None
 
@@ -202,126 +185,13 @@ class GlooOps(CpuOps):
         enforces): the process group's default (the comm timeout plus ``GLOO_MARGIN``),
         unless this op's timeout is longer than the comm's."""
         if deadline.timeout > self._pg_timeout:
-            gloo_options.timeout = timedelta(seconds=deadline.left_s() + _GLOO_MARGIN_S)
+            gloo_options.timeout = timedelta(seconds=deadline.left_s() + GLOO_MARGIN_S)
 
     def wait(
         self, work: Any, deadline: Deadline, what: str, peers: Sequence[int] | None = None
     ) -> None:
-        """Wait for one gloo call in slices; between them: abort, dead peers, the deadline.
-
-        ``peers``: the ranks a point-to-point op waits for (a collective names the ranks
-        that never entered it).
-        """
-        while True:
-            try:
-                work.wait(_SLICE)
-                return
-            except RuntimeError:
-                if work.is_completed():
-                    self._troubled = True  # (if it raises) gloo's pairs may be broken
-                    try:
-                        work.wait()  # the call's own outcome: its error, or it just finished
-                    except RuntimeError as exc:
-                        raise self._explained(exc, what) from exc
-                    self._troubled = False
-                    return
-            try:
-                self._between_slices(deadline, what, peers)
-            except WaitError:
-                self._troubled = True  # the call still runs inside gloo
-                raise
-
-    def _wait_p2p(self, work: Any, deadline: Deadline, what: str, peer: int) -> None:
-        """A gloo send/recv work has no future, and a timed wait on it closes the pair, so
-        it is waited on by a helper thread while this thread checks in slices."""
-        done = threading.Event()
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                work.wait(timedelta(seconds=deadline.left_s() + _GLOO_MARGIN_S))
-            except BaseException as exc:  # handed to the op thread
-                failure.append(exc)
-            finally:
-                done.set()
-
-        pool = self._p2p_pool
-        if pool is None:
-            pool = self._p2p_pool = ThreadPoolExecutor(4, f"torchcomms-gloo-p2p-{self.rank}")
-        pool.submit(run)
-        while not done.wait(_SLICE_S):
-            try:
-                self._between_slices(deadline, what, [peer])
-            except WaitError:
-                self._troubled = True  # the helper still waits inside gloo
-                raise
-        if failure:
-            self._troubled = True
-            exc = failure[0]
-            raise self._explained(exc, what) if isinstance(exc, RuntimeError) else exc
-
-    def _explained(self, exc: RuntimeError, what: str) -> RuntimeError:
-        """A gloo error names no peer: a broken connection is usually a peer that is
-        dying right now, so give its pid a moment to show it (the failure path only)."""
-        text = str(exc).strip()
-        if "closed" not in text.lower() and "reset" not in text.lower():
-            return exc
-        give_up = time.monotonic() + _ATTRIBUTION_S
-        while True:
-            dead = self.dead_peers()
-            if dead:
-                return WaitError(
-                    "dead",
-                    dead,
-                    f"{ranks_text(dead)} died (process gone) while this rank waited in {what} "
-                    f"({text})",
-                )
-            if time.monotonic() >= give_up:
-                return exc
-            time.sleep(0.01)
-
-    def _between_slices(self, deadline: Deadline, what: str, peers: Sequence[int] | None) -> None:
-        if self._aborted:
-            raise WaitError("aborted", [], f"{what}: the communicator was aborted")
-        dead = self.dead_peers()
-        if dead:
-            raise WaitError(
-                "dead",
-                dead,
-                f"{ranks_text(dead)} died (process gone) while this rank waited in {what}",
-            )
-        if time.monotonic() >= deadline.end:
-            raise self._timed_out(what, peers)
-
-    def _timed_out(self, what: str, peers: Sequence[int] | None) -> WaitError:
-        """The timeout, naming who never entered the op (or, else, who is stopped)."""
-        lv = self.liveness
-        if peers is not None:
-            return WaitError("timeout", peers, f"waiting for {ranks_text(peers)} in {what}")
-        missing = None if lv is None else lv.missing(self.seq)
-        if missing is None and lv is not None and lv.elsewhere():
-            far = lv.elsewhere()
-            return WaitError(
-                "timeout",
-                far,
-                f"waiting in {what}; the store cannot be read, so {ranks_text(far)} on other "
-                "hosts may be unreachable",
-            )
-        if missing:
-            return WaitError(
-                "timeout",
-                missing,
-                f"waiting for {ranks_text(missing)}, which never entered {what} "
-                f"(collective #{self.seq} of this comm)",
-            )
-        stopped = [] if lv is None else lv.stopped()
-        if stopped:
-            return WaitError(
-                "timeout", stopped, f"in {what}: {ranks_text(stopped)} stopped (not running)"
-            )
-        return WaitError(
-            "timeout", [], f"in {what}: every rank entered it, but the transport made no progress"
-        )
+        """Wait for one gloo call in slices (``gloo_waits``)."""
+        self.waiter.wait(work, deadline, what, peers)
 
     # -- reductions ----------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, deadline: Deadline) -> None:
@@ -594,7 +464,7 @@ class GlooOps(CpuOps):
         def complete() -> None:
             for work, op, staged in posted:
                 what = "send" if op.type is P2POpType.SEND else "recv"
-                self._wait_p2p(work, deadline, what, op.peer)
+                self.waiter.wait_p2p(work, deadline, what, op.peer)
                 if staged is not op.tensor and op.type is P2POpType.RECV:
                     op.tensor.copy_(staged)
 

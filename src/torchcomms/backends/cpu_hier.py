@@ -49,8 +49,9 @@ from torchcomms import config
 from torchcomms import fingerprint as F
 from torchcomms.backends import cpu_connect, cpu_shm
 from torchcomms.backends._host import finish_average, on_host
-from torchcomms.backends.cpu_gloo import GLOO_MARGIN, INLINE_BYTES, GlooOps
+from torchcomms.backends.cpu_gloo import INLINE_BYTES, GlooOps
 from torchcomms.backends.cpu_ops import Completion, CpuOps
+from torchcomms.backends.gloo_waits import GLOO_MARGIN
 from torchcomms.backends.shm_collectives import ShmCollectives
 from torchcomms.deadline import Deadline
 from torchcomms.transport import gloo

@@ -15,9 +15,10 @@ import torch._C._distributed_c10d as c10d
 
 from torchcomms import config
 from torchcomms.backends import cpu_connect, cpu_hier, cpu_shm
-from torchcomms.backends.cpu_gloo import GLOO_MARGIN, GlooOps
+from torchcomms.backends.cpu_gloo import GlooOps
 from torchcomms.backends.cpu_liveness import Liveness
 from torchcomms.backends.cpu_ops import CpuOps
+from torchcomms.backends.gloo_waits import GLOO_MARGIN
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError
 from torchcomms.transport import gloo

@@ -1,0 +1,184 @@
+"""``GlooWaiter``: how the tcp path waits for gloo, so every wait has a deadline and a name.
+
+* A collective's gloo work is waited on in short slices (``SLICE``, non-destructive for
+  gloo's collective works); between slices the waiter checks the abort flag, the peers'
+  liveness (``cpu_liveness``) and the op's deadline.
+* A send/recv work has no future and a timed wait on it closes gloo's pair, so a helper
+  thread (a small pool per communicator) waits on it while the op thread checks in slices.
+* A gloo error names no peer: a broken connection waits up to ``ATTRIBUTION_S`` for a
+  dying local peer's pid to show, then names it.
+* A timeout names the ranks that never entered the op (from the liveness watcher's
+  published sequence numbers), else the stopped ones, else says the transport stalled.
+
+``troubled`` records that a gloo call failed or was left running: its process group must
+never be destroyed (that would join the stuck call's thread).  Runs on the op's thread;
+``aborted`` may be set from any thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+from torchcomms.backends.cpu_liveness import Liveness
+from torchcomms.deadline import Deadline
+from torchcomms.transport.fault import WaitError
+from torchcomms.transport.shm_channel import ranks_text
+
+#: One wait slice: how soon a waiting op sees a dead peer, an abort or its deadline.
+SLICE = timedelta(milliseconds=50)
+_SLICE_S = SLICE.total_seconds()
+#: gloo's own timeouts (the process group's default, and per call when an op's timeout
+#: is longer) run this much past the op's deadline: a backstop, so ours names who is missing.
+GLOO_MARGIN_S = 5.0
+GLOO_MARGIN = timedelta(seconds=GLOO_MARGIN_S)
+#: How long a broken connection waits for a local peer's death to show before it is
+#: reported as a failure of an unnamed peer.
+ATTRIBUTION_S = 1.0
+
+
+class GlooWaiter:
+    """Waits of one gloo communicator (see the module docstring)."""
+
+    def __init__(
+        self,
+        rank: int,
+        dead_peers: Callable[[], list[int]],
+        liveness: Liveness | None,
+        seq: Callable[[], int],
+    ) -> None:
+        self.rank = rank
+        self.liveness = liveness
+        self._dead_peers = dead_peers
+        self._seq = seq
+        self.aborted = False
+        self.troubled = False
+        self._pool: ThreadPoolExecutor | None = None
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)  # a helper stuck in gloo ends at its call's timeout
+
+    def wait(
+        self, work: Any, deadline: Deadline, what: str, peers: Sequence[int] | None = None
+    ) -> None:
+        """Wait for one gloo call in slices; between them: abort, dead peers, the deadline.
+
+        ``peers``: the ranks a point-to-point op waits for (a collective names the ranks
+        that never entered it).
+        """
+        while True:
+            try:
+                work.wait(SLICE)
+                return
+            except RuntimeError:
+                if work.is_completed():
+                    self.troubled = True  # (if it raises) gloo's pairs may be broken
+                    try:
+                        work.wait()  # the call's own outcome: its error, or it just finished
+                    except RuntimeError as exc:
+                        raise self._explained(exc, what) from exc
+                    self.troubled = False
+                    return
+            try:
+                self._between_slices(deadline, what, peers)
+            except WaitError:
+                self.troubled = True  # the call still runs inside gloo
+                raise
+
+    def wait_p2p(self, work: Any, deadline: Deadline, what: str, peer: int) -> None:
+        """A gloo send/recv work has no future, and a timed wait on it closes the pair, so
+        it is waited on by a helper thread while this thread checks in slices."""
+        done = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                work.wait(timedelta(seconds=deadline.left_s() + GLOO_MARGIN_S))
+            except BaseException as exc:  # handed to the op thread
+                failure.append(exc)
+            finally:
+                done.set()
+
+        pool = self._pool
+        if pool is None:
+            pool = self._pool = ThreadPoolExecutor(4, f"torchcomms-gloo-p2p-{self.rank}")
+        pool.submit(run)
+        while not done.wait(_SLICE_S):
+            try:
+                self._between_slices(deadline, what, [peer])
+            except WaitError:
+                self.troubled = True  # the helper still waits inside gloo
+                raise
+        if failure:
+            self.troubled = True
+            exc = failure[0]
+            raise self._explained(exc, what) if isinstance(exc, RuntimeError) else exc
+
+    def _explained(self, exc: RuntimeError, what: str) -> RuntimeError:
+        """A gloo error names no peer: a broken connection is usually a peer that is
+        dying right now, so give its pid a moment to show it (the failure path only)."""
+        text = str(exc).strip()
+        if "closed" not in text.lower() and "reset" not in text.lower():
+            return exc
+        give_up = time.monotonic() + ATTRIBUTION_S
+        while True:
+            dead = self._dead_peers()
+            if dead:
+                return WaitError(
+                    "dead",
+                    dead,
+                    f"{ranks_text(dead)} died (process gone) while this rank waited in {what} "
+                    f"({text})",
+                )
+            if time.monotonic() >= give_up:
+                return exc
+            time.sleep(0.01)
+
+    def _between_slices(self, deadline: Deadline, what: str, peers: Sequence[int] | None) -> None:
+        if self.aborted:
+            raise WaitError("aborted", [], f"{what}: the communicator was aborted")
+        dead = self._dead_peers()
+        if dead:
+            raise WaitError(
+                "dead",
+                dead,
+                f"{ranks_text(dead)} died (process gone) while this rank waited in {what}",
+            )
+        if time.monotonic() >= deadline.end:
+            raise self._timed_out(what, peers)
+
+    def _timed_out(self, what: str, peers: Sequence[int] | None) -> WaitError:
+        """The timeout, naming who never entered the op (or, else, who is stopped)."""
+        lv = self.liveness
+        if peers is not None:
+            return WaitError("timeout", peers, f"waiting for {ranks_text(peers)} in {what}")
+        missing = None if lv is None else lv.missing(self._seq())
+        if missing is None and lv is not None and lv.elsewhere():
+            far = lv.elsewhere()
+            return WaitError(
+                "timeout",
+                far,
+                f"waiting in {what}; the store cannot be read, so {ranks_text(far)} on other "
+                "hosts may be unreachable",
+            )
+        if missing:
+            return WaitError(
+                "timeout",
+                missing,
+                f"waiting for {ranks_text(missing)}, which never entered {what} "
+                f"(collective #{self._seq()} of this comm)",
+            )
+        stopped = [] if lv is None else lv.stopped()
+        if stopped:
+            return WaitError(
+                "timeout", stopped, f"in {what}: {ranks_text(stopped)} stopped (not running)"
+            )
+        return WaitError(
+            "timeout", [], f"in {what}: every rank entered it, but the transport made no progress"
+        )
