@@ -26,7 +26,9 @@ def monitored_barrier(comm: TorchComm, timeout: timedelta | None, wait_all_ranks
     ms = int(timeout.total_seconds() * 1000)
     device = comm.get_device()
     if rank != 0:
-        arrive = comm.send(torch.ones(1, dtype=torch.int32, device=device), 0, True, timeout=timeout)
+        arrive = comm.send(
+            torch.ones(1, dtype=torch.int32, device=device), 0, True, timeout=timeout
+        )
         release = torch.zeros(1, dtype=torch.int32, device=device)
         try:
             comm.recv(release, 0, True, timeout=timeout).wait()

@@ -82,9 +82,7 @@ def init_device_mesh(
     if not comms:
         raise ValueError("init_device_mesh: mesh_dim_comms must not be empty")
     if len(comms) != len(names):
-        raise ValueError(
-            f"init_device_mesh: {len(comms)} comms but {len(names)} mesh_dim_names"
-        )
+        raise ValueError(f"init_device_mesh: {len(comms)} comms but {len(names)} mesh_dim_names")
     if len(set(names)) != len(names):
         raise ValueError(f"init_device_mesh: mesh_dim_names must be unique, got {names}")
     if len(comms) > 1 and _global_comm is None:

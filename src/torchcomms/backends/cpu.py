@@ -38,6 +38,7 @@ from torchcomms.deadline import Deadline
 from torchcomms.errors import (
     CommError,
     CommStateError,
+    CommTimeoutError,
     CommValidationError,
 )
 from torchcomms.executor import OpExecutor
@@ -203,7 +204,8 @@ class TorchCommGloo(CommBackend):
         ops = self._ops
         if ops is not None:
             # shm peers see this rank's failed state (and who died) and stop waiting for it
-            ops.fail(error.dead_ranks)
+            missing = error.ranks if isinstance(error, CommTimeoutError) else ()
+            ops.fail(error.dead_ranks, missing)
 
     # -- abort -----------------------------------------------------------------------------------
     def is_abort_supported(self) -> bool:

@@ -114,7 +114,7 @@ class GlooOps(CpuOps):
     def describe(self) -> str:
         return f"tcp ({self.device_desc})"
 
-    def fail(self, dead: Sequence[int] = ()) -> None:
+    def fail(self, dead: Sequence[int] = (), missing: Sequence[int] = ()) -> None:
         """Nothing to tell: peers learn of this rank's failure from their own checks."""
 
     def abort(self) -> None:

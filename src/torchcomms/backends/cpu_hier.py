@@ -208,7 +208,7 @@ class HierOps(CpuOps):
             f"{self.small_max} B{', sharded above' if t.even else ' (uneven hosts)'}"
         )
 
-    def fail(self, dead: Sequence[int] = ()) -> None:
+    def fail(self, dead: Sequence[int] = (), missing: Sequence[int] = ()) -> None:
         """Tell my host's peers this rank failed, so they stop waiting for it."""
         if self.local is not None:
             self.local.chan.set_state(STATE_FAILED)

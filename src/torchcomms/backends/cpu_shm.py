@@ -31,6 +31,7 @@ from torchcomms.transport import shm_segment
 from torchcomms.transport.shm_channel import (
     STATE_FAILED,
     STATE_FINALIZED,
+    STATE_TIMED_OUT,
     Layout,
     ShmChannel,
     WaitPolicy,
@@ -156,8 +157,11 @@ class ShmOps(CpuOps):
             f"{self.chan.layout.slot_bytes >> 10} KiB slots, waits {wait})"
         )
 
-    def fail(self, dead: Sequence[int] = ()) -> None:
-        self.chan.set_state(STATE_FAILED, dead)
+    def fail(self, dead: Sequence[int] = (), missing: Sequence[int] = ()) -> None:
+        if dead or not missing:
+            self.chan.set_state(STATE_FAILED, dead)
+        else:
+            self.chan.set_state(STATE_TIMED_OUT, missing)
 
     def abort(self) -> None:
         self.chan.abort()

@@ -413,9 +413,7 @@ def _sweep(
                 params = CaseParams(
                     rank, size, count, dtype, settings.redop, settings.root, in_place
                 )
-                times, wrong, busy = _measure(
-                    spec, params, session.impls, settings, session.comm
-                )
+                times, wrong, busy = _measure(spec, params, session.impls, settings, session.comm)
                 wrong_total += sum(wrong) if checked else 0
                 cell = _cell(spec, nbytes, size, session.impls, times, wrong, mem_bw, checked)
                 for impl, cores in zip(session.impls, busy, strict=True):

@@ -83,8 +83,12 @@ _BELL, _ASLEEP = 0, 1
 SENT, ACKED, PMETA0, PMETA1 = range(4)
 _PAIR_LINES = 4
 
-STATE_OK, STATE_FAILED, STATE_FINALIZED = 0, 1, 2
-_STATE_TEXT = {STATE_FAILED: "failed", STATE_FINALIZED: "finalized the communicator"}
+STATE_OK, STATE_FAILED, STATE_FINALIZED, STATE_TIMED_OUT = 0, 1, 2, 3
+_STATE_TEXT = {
+    STATE_FAILED: "failed",
+    STATE_FINALIZED: "finalized the communicator",
+    STATE_TIMED_OUT: "timed out",
+}
 
 _LIVENESS_PERIOD_S = 0.005
 # Ranks a STATE line can name as the cause of a failure (7 words of 63 bits).
@@ -530,6 +534,15 @@ class ShmChannel:
                         gone,
                         f"{ranks_text(gone)} died (process gone); peer rank {r} failed on it "
                         f"while this rank waited {what}",
+                    )
+                missing = [c for c in cause if c != self.rank]
+                if state == STATE_TIMED_OUT and missing:
+                    # It waited its whole timeout for them: so would we.  Name them, not it.
+                    raise ShmWaitError(
+                        "timeout",
+                        missing,
+                        f"waiting for {ranks_text(missing)} {what} (peer rank {r} timed out "
+                        f"waiting for {'them' if len(missing) > 1 else 'it'})",
                     )
                 raise ShmWaitError(
                     "peer_failed", [r], f"peer rank {r} {_STATE_TEXT.get(state, 'failed')}"
