@@ -16,13 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 
-import torch
+from _doc import write_doc
 
 SIZES = (8, 4096, 1 << 20)
 TRANSPORTS = ("shm", "tcp")
@@ -103,17 +102,13 @@ def main() -> None:
             }
             print(f"{key:14s} A {a:9.2f} us  B {b:9.2f} us  B-A {b - a:+8.2f} us  B/A {b / a:.3f}")
     if args.json:
-        doc = {
-            "command": f"python benchmarks/diagnostics/ab_world.py A B --blocks {args.blocks} "
-            f"--iters {args.iters}",
-            "a_src": args.a_src,
-            "b_src": args.b_src,
-            "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
-            "torch": torch.__version__,
-            "results": rows,
-        }
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        write_doc(
+            args.json,
+            f"python benchmarks/diagnostics/ab_world.py A B --blocks {args.blocks} --iters {args.iters}",
+            rows,
+            a_src=args.a_src,
+            b_src=args.b_src,
+        )
 
 
 if __name__ == "__main__":

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -22,6 +20,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _doc import write_doc
 
 SIZES = (8, 1024, 1 << 20)
 
@@ -38,7 +37,11 @@ def _worker(rank: int, size: int, path: str, blocks: int, iters: int, q: object)
     for name, env, transport in (("on", "1", "tcp"), ("off", "0", "tcp"), ("shm", "1", "shm")):
         os.environ["TORCHCOMM_MISMATCH_CHECK"] = env
         comms[name] = torchcomms.new_comm(
-            "gloo", torch.device("cpu"), name=f"c_{name}", store=store, timeout=timeout,
+            "gloo",
+            torch.device("cpu"),
+            name=f"c_{name}",
+            store=store,
+            timeout=timeout,
             hints={"transport": transport},
         )
     _, device = gloo.choose_device({}, ["h"] * size, "h", None)
@@ -92,18 +95,17 @@ def main() -> None:
         gloo_p50 = statistics.median(times[f"gloo/{nbytes}"])
         for name in ("on", "off", "shm", "gloo"):
             p50 = statistics.median(times[f"{name}/{nbytes}"])
-            rows[f"{name}/{nbytes}"] = {"p50_us": round(p50, 2), "vs_gloo": round(gloo_p50 / p50, 3)}
+            rows[f"{name}/{nbytes}"] = {
+                "p50_us": round(p50, 2),
+                "vs_gloo": round(gloo_p50 / p50, 3),
+            }
             print(f"{name:5s} {nbytes:>8d} B  p50 {p50:9.2f} us  gloo/ours {gloo_p50 / p50:6.3f}")
     if args.json:
-        doc = {
-            "command": "python benchmarks/diagnostics/check_overhead.py "
-            f"--nproc {args.nproc} --blocks {args.blocks} --iters {args.iters}",
-            "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
-            "torch": torch.__version__,
-            "results": rows,
-        }
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        write_doc(
+            args.json,
+            f"python benchmarks/diagnostics/check_overhead.py --nproc {args.nproc} --blocks {args.blocks} --iters {args.iters}",
+            rows,
+        )
 
 
 if __name__ == "__main__":

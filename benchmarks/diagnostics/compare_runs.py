@@ -20,7 +20,11 @@ import sys
 from collections import defaultdict
 from typing import Any
 
-_BANDS = (("small", 0, 64 << 10), ("medium", (64 << 10) + 1, (1 << 20) - 1), ("large", 1 << 20, 1 << 62))
+_BANDS = (
+    ("small", 0, 64 << 10),
+    ("medium", (64 << 10) + 1, (1 << 20) - 1),
+    ("large", 1 << 20, 1 << 62),
+)
 
 
 def _gmean(values: list[float]) -> float:
@@ -51,8 +55,12 @@ def main(before_path: str, after_path: str) -> None:
             cell["before"].append(pb["ratio"])
             cell["after"].append(pa["ratio"])
             cell["p50"].append(pa["ours"]["p50_us"] / pb["ours"]["p50_us"])
-    print(f"{'op':16s} {'band':7s} {'vs gloo before':>15s} {'vs gloo after':>14s} {'p50 after/before':>17s}")
-    for (op, band), cell in sorted(table.items(), key=lambda kv: (kv[0][0], [b[0] for b in _BANDS].index(kv[0][1]))):
+    print(
+        f"{'op':16s} {'band':7s} {'vs gloo before':>15s} {'vs gloo after':>14s} {'p50 after/before':>17s}"
+    )
+    for (op, band), cell in sorted(
+        table.items(), key=lambda kv: (kv[0][0], [b[0] for b in _BANDS].index(kv[0][1]))
+    ):
         print(
             f"{op:16s} {band:7s} {_gmean(cell['before']):15.2f} {_gmean(cell['after']):14.2f} "
             f"{_gmean(cell['p50']):17.2f}"

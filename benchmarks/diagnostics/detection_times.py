@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import multiprocessing as mp
 import os
-import platform
 import signal
 import statistics
 import tempfile
@@ -33,6 +31,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from _doc import write_doc
 
 PLACEMENTS = ("shm", "tcp", "tcp-hosts")
 FAULTS = ("kill", "stop", "mismatch")
@@ -152,17 +151,12 @@ def main() -> None:
                 flush=True,
             )
     if args.json:
-        doc = {
-            "command": "python benchmarks/diagnostics/detection_times.py "
-            f"--trials {args.trials} --world {args.world}",
-            "what": "kill: error time - kill time; stop: error time - op deadline; "
-            "mismatch: error time - op entry",
-            "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
-            "torch": torch.__version__,
-            "results": rows,
-        }
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        write_doc(
+            args.json,
+            f"python benchmarks/diagnostics/detection_times.py --trials {args.trials} --world {args.world}",
+            rows,
+            what="kill: error time - kill time; stop: error time - op deadline; mismatch: error time - op entry",
+        )
 
 
 if __name__ == "__main__":
