@@ -76,6 +76,15 @@ def _job(src: str, iters: int) -> dict[str, float]:
     raise RuntimeError(f"no result from {src}: {outs[0][-2000:]}")
 
 
+def _tree(src: str) -> str:
+    """A source tree by its git commit, not by a path that exists on one machine only."""
+    run = subprocess.run
+    commit = run(["git", "-C", src, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = run(["git", "-C", src, "status", "--porcelain", "."], capture_output=True, text=True)
+    label = commit.stdout.strip() or "an unknown commit"
+    return f"src at {label}{' with uncommitted changes' if dirty.stdout.strip() else ''}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("a_src")
@@ -106,8 +115,8 @@ def main() -> None:
             args.json,
             f"python benchmarks/diagnostics/ab_world.py A B --blocks {args.blocks} --iters {args.iters}",
             rows,
-            a_src=args.a_src,
-            b_src=args.b_src,
+            a_src=_tree(args.a_src),
+            b_src=_tree(args.b_src),
         )
 
 
