@@ -28,6 +28,10 @@ class Deadline:
         """Seconds left, never below 1 ms (so no wait turns into "no timeout")."""
         return max(self.end - time.monotonic(), _MIN_LEFT_S)
 
+    def passed(self, by_s: float = 0.0) -> bool:
+        """Whether the deadline (plus ``by_s``) is behind us (``left_s`` never says so)."""
+        return time.monotonic() >= self.end + by_s
+
     def remaining(self) -> timedelta:
         return timedelta(seconds=self.left_s())
 

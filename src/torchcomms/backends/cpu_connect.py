@@ -40,9 +40,7 @@ def connect_prefix(name: str, rank: int) -> str:
     return f"[TorchCommGloo comm={name} rank={rank}] new_comm: "
 
 
-def _check_dead(
-    local_pids: Mapping[int, int], ranks: Sequence[int], prefix: str, what: str
-) -> None:
+def check_dead(local_pids: Mapping[int, int], ranks: Sequence[int], prefix: str, what: str) -> None:
     dead = [r for r in ranks if r in local_pids and not shm_segment.process_alive(local_pids[r])]
     if dead:
         error = PeerFailureError(f"{prefix}{ranks_text(dead)} died (process gone) during {what}")
@@ -57,8 +55,13 @@ def wait_keys(
     local_pids: Mapping[int, int],
     prefix: str,
     what: str,
+    verdict: str | None = None,
 ) -> None:
-    """Wait until every key exists; ``keys[k]`` is the rank that writes ``k``."""
+    """Wait until every key exists; ``keys[k]`` is the rank that writes ``k``.
+
+    ``verdict``: a key where rank 0 may publish that connecting failed
+    (``publish_failure``); if it does, raise its verdict instead of waiting on.
+    """
     names = list(keys)
     pause = 0.001
     while True:
@@ -67,8 +70,10 @@ def wait_keys(
         if not names:
             return
         waited = sorted({keys[k] for k in names})
-        _check_dead(local_pids, waited, prefix, what)
-        if deadline.left_s() <= 0:
+        check_dead(local_pids, waited, prefix, what)
+        if verdict is not None:
+            check_verdict(store, verdict, prefix, what)
+        if deadline.passed():
             error = CommTimeoutError(
                 f"{prefix}timed out after {deadline.timeout.total_seconds():g} s in {what}: "
                 f"{ranks_text(waited)} never arrived"
@@ -102,15 +107,15 @@ def guarded(
 
     threading.Thread(target=run, name="torchcomms-connect", daemon=True).start()
     while not done.wait(_SLICE.total_seconds()):
-        _check_dead(local_pids, ranks, prefix, what)
-        if deadline.left_s() <= -1.0:  # gloo's own timeout (the same budget) comes first
+        check_dead(local_pids, ranks, prefix, what)
+        if deadline.passed(1.0):  # gloo's own timeout (the same budget) comes first
             error = CommTimeoutError(
                 f"{prefix}timed out after {deadline.timeout.total_seconds():g} s in {what}"
             )
             error.ranks = tuple(ranks)
             raise error
     if failure:
-        _check_dead(local_pids, ranks, prefix, what)  # a peer's death explains the failure
+        check_dead(local_pids, ranks, prefix, what)  # a peer's death explains the failure
         raise failure[0]
     return box[0]
 
@@ -119,6 +124,14 @@ def publish_failure(store: c10d.Store, key: str, error: CommError) -> None:
     """Rank 0 gave up a connect step because of ``error``: say whom it blames, under ``key``."""
     kind = "dead" if isinstance(error, PeerFailureError) else "timeout"
     store.set(key, f"{kind} {','.join(map(str, error.ranks))}")
+
+
+def check_verdict(store: c10d.Store, key: str, prefix: str, what: str) -> None:
+    """Raise rank 0's published failure (``publish_failure``) under ``key``, if any."""
+    if store.check([key]):
+        verdict = store.get(key).decode()
+        if verdict != "ok":
+            raise failure_from(verdict, prefix, what)
 
 
 def failure_from(verdict: str, prefix: str, what: str) -> CommError:

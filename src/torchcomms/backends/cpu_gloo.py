@@ -1,13 +1,14 @@
 """``GlooOps``: every op of the CPU backend over one torch ``ProcessGroupGloo`` (TCP).
 
-**The header.**  Every collective starts with one fixed-size gloo all_gather of a
-header (the op's fingerprint and the collective sequence number, ``torchcomms.fingerprint``)
-plus, for small messages, the payload itself (``INLINE_BYTES``).  Since the size is
-fixed, gloo never sees sizes that differ between ranks (it aborts the process on those):
-ranks that called different collectives all raise a mismatch naming who passed what,
-before any data is combined.  Small all_reduce / reduce / broadcast / all_gather and
-barrier finish inside that one call (the reduction runs locally, in rank order, where
-that cannot change a bit of the result), so the check costs them nothing.
+**The header.**  Every collective starts with one all_gather of a header (the op's
+fingerprint and the collective sequence number, ``torchcomms.fingerprint``) plus, for
+small messages, the payload itself (``INLINE_BYTES``), through the communicator's
+``tcp_lane`` (direct sockets, on the op's thread: no gloo thread hand-offs).  Ranks that
+called different collectives all raise a mismatch naming who passed what, before any
+data is combined and before gloo sees sizes that differ between ranks (it aborts the
+process on those).  Small all_reduce / reduce / broadcast / all_gather and barrier finish
+inside that one exchange (the reduction runs locally, in rank order, where that cannot
+change a bit of gloo's result), so the check costs them nothing.
 ``TORCHCOMM_MISMATCH_CHECK=0`` drops the header from the other ops.
 
 **Waits** (``gloo_waits``).  A gloo wait runs in short slices; between them it checks the
@@ -42,6 +43,7 @@ from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
 from torchcomms.transport import gloo, shm_segment
 from torchcomms.transport.fault import WaitError
+from torchcomms.transport.tcp_lane import Lane, LanePeerGone
 from torchcomms.types import P2POp, P2POpType, RedOpType, ReduceOp
 
 # gloo tags are 32-bit: sequence numbers and user tags wrap within 2**30 (even / odd halves).
@@ -49,12 +51,17 @@ _TAG_SPAN = 2**30
 
 _MAGIC = 0x70C0_C0DE
 _HEADER_WORDS = 8  # magic, seq, digest, descriptor, count, 3 spare (int64 each)
-#: Payload bytes that ride in the header call.  A constant, never configurable: every
-#: rank must send the same number of bytes whatever it was asked to do.
+#: Payload bytes that ride in the header exchange.
 INLINE_BYTES = 1024
 _WORDS = _HEADER_WORDS + INLINE_BYTES // 8
 _HEADER_BYTES = _HEADER_WORDS * 8
+_ROW_BYTES = _WORDS * 8
 _EXACT_ORDER_FREE = (RedOpType.MAX, RedOpType.MIN, RedOpType.BAND, RedOpType.BOR)
+
+
+#: The payload of an exchange that carries none but must happen (barrier, broadcast's
+#: receivers), whatever ``TORCHCOMM_MISMATCH_CHECK`` says.
+_NOTHING = torch.empty(0)
 
 
 def _premultiply(tensor: torch.Tensor, op: ReduceOp) -> None:
@@ -77,6 +84,7 @@ class GlooOps(CpuOps):
     def __init__(
         self,
         pg: Any,
+        lane: Lane,
         rank: int,
         size: int,
         peers: Sequence[tuple[str, int]],
@@ -86,6 +94,7 @@ class GlooOps(CpuOps):
         pg_timeout: timedelta = timedelta(seconds=600),
     ) -> None:
         self.pg = pg
+        self.lane = lane
         self.rank = rank
         self.size = size
         self._peers = list(peers)  # (host identity, pid) per comm rank
@@ -98,29 +107,35 @@ class GlooOps(CpuOps):
         self.waiter = GlooWaiter(rank, self.dead_peers, liveness, lambda: self.seq)
         self._send_seq: dict[int, int] = defaultdict(int)
         self._recv_seq: dict[int, int] = defaultdict(int)
-        self._src = torch.zeros(_WORDS, dtype=torch.int64)
+        # Every rank's header row; this rank's row is where it writes its own.
         self._out = torch.zeros(size * _WORDS, dtype=torch.int64)
-        self._src_words = self._src.numpy().data.cast("B").cast("q")
-        self._src_words[0] = _MAGIC
-        self._src_payload = self._src.data_ptr() + _HEADER_BYTES
         self._out_words = self._out.numpy().data.cast("B").cast("q")
+        self._out_mv = self._out.numpy().data.cast("B")
+        self._src_words = self._out_words[rank * _WORDS : (rank + 1) * _WORDS]
+        self._src_words[0] = _MAGIC
+        self._src_payload = self._out.data_ptr() + rank * _ROW_BYTES + _HEADER_BYTES
+        self._lengths = [0] * size
         self._row_starts = [r * _WORDS for r in range(size)]
         self._rows = self._out.numpy().reshape(size, _WORDS)
         self._pg_timeout = pg_timeout
         self._views: dict[tuple[torch.dtype, int], torch.Tensor] = {}  # payload rows by shape
-        self._src_bytes = self._src.view(torch.uint8)
-        self._out_bytes = self._out.view(torch.uint8).view(size, _WORDS * 8)
+        self._out_bytes = self._out.view(torch.uint8).view(size, _ROW_BYTES)
 
     def describe(self) -> str:
         return f"tcp ({self.device_desc})"
 
     def fail(self, dead: Sequence[int] = (), missing: Sequence[int] = ()) -> None:
-        """Nothing to tell: peers learn of this rank's failure from their own checks."""
+        """Tell the ranks that receive from this one, through the lane, whom it blames."""
+        kind, ranks = ("dead", dead) if dead else ("timeout", missing)
+        self.lane.goodbye(f"FAILED {kind if ranks else 'failed'} {','.join(map(str, ranks))}")
 
     def abort(self) -> None:
         self.waiter.aborted = True  # every wait slice checks it
 
     def close(self, failed: bool) -> None:
+        if failed:  # unless a failure was said already (``fail``)
+            self.lane.goodbye("FAILED aborted" if self.waiter.aborted else "FAILED failed")
+        self.lane.close()
         if self.liveness is not None:
             self.liveness.close()
         self.waiter.close()
@@ -157,18 +172,24 @@ class GlooOps(CpuOps):
         words = self._src_words
         words[1] = self.seq
         words[2], words[3], words[4] = fp
+        nbytes = 0
         if payload is not None and payload.numel():
             nbytes = payload.numel() * payload.element_size()
             if payload.is_cpu and payload.is_contiguous():
                 ctypes.memmove(self._src_payload, payload.data_ptr(), nbytes)
             else:
-                self._src_bytes[_HEADER_BYTES : _HEADER_BYTES + nbytes].copy_(
+                self._out_bytes[self.rank, _HEADER_BYTES : _HEADER_BYTES + nbytes].copy_(
                     payload.reshape(-1).view(torch.uint8)
                 )
-        o = c10d.AllgatherOptions()
-        self.arm(o, deadline)
         what = F.OP_NAMES[fp[1] & 0xFF]
-        self.wait(self.pg._allgather_base(self._out, self._src, o), deadline, what)
+        self._lengths[self.rank] = _HEADER_BYTES + nbytes
+        waiter = self.waiter
+        try:
+            self.lane.all_gather(
+                self._out_mv, _ROW_BYTES, self._lengths, lambda: waiter.check(deadline, what)
+            )
+        except LanePeerGone as gone:
+            raise waiter.gone(gone, what) from None
         got = self._out_words
         mine = words[1:5]
         for base in self._row_starts:  # the common case: equal headers, a few int compares
@@ -321,7 +342,7 @@ class GlooOps(CpuOps):
         with on_host(tensor) as host:
             nbytes = host.numel() * host.element_size()
             if nbytes <= INLINE_BYTES:
-                rows = self.enter(fp, deadline, host if self.rank == root else None)
+                rows = self.enter(fp, deadline, host if self.rank == root else _NOTHING)
                 assert rows is not None
                 if self.rank != root and nbytes:
                     data = rows[root, _HEADER_BYTES : _HEADER_BYTES + nbytes]
@@ -453,7 +474,7 @@ class GlooOps(CpuOps):
 
     def barrier(self, deadline: Deadline) -> None:
         """The header exchange is a barrier: every rank's header arrives before any returns."""
-        self.enter(F.make(F.BARRIER, None, 0), deadline, torch.empty(0))
+        self.enter(F.make(F.BARRIER, None, 0), deadline, _NOTHING)
 
     # -- point-to-point ------------------------------------------------------------------
     def post(self, ops: Sequence[P2POp], tag: int | None, deadline: Deadline) -> Completion:

@@ -209,7 +209,8 @@ class HierOps(CpuOps):
         )
 
     def fail(self, dead: Sequence[int] = (), missing: Sequence[int] = ()) -> None:
-        """Tell my host's peers this rank failed, so they stop waiting for it."""
+        """Tell my host's peers (shm) and the lane's (tcp) this rank failed, and why."""
+        self.flat.fail(dead, missing)
         if self.local is not None:
             self.local.chan.set_state(STATE_FAILED)
 

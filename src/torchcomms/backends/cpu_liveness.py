@@ -39,9 +39,8 @@ from collections.abc import Sequence
 
 import torch._C._distributed_c10d as c10d
 
-from torchcomms import config
 from torchcomms.transport import shm_segment
-from torchcomms.transport.gloo import underlying_tcp_host
+from torchcomms.transport.gloo import reachable_address
 
 logger = logging.getLogger("torchcomms.backends.cpu_liveness")
 
@@ -185,7 +184,7 @@ class _Ring:
         self.size = len(peers)
         self.store = store
         self.sel = selectors.DefaultSelector()
-        host = _my_address(store)
+        host = reachable_address(store)
         self.listener = socket.create_server((host, 0), backlog=16)
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, None)
@@ -292,20 +291,3 @@ class _Ring:
         self.sel.unregister(self.listener)
         self.listener.close()
         self.sel.close()
-
-
-def _my_address(store: c10d.Store) -> str:
-    """Where peers on other hosts can reach this rank: the gloo hostname when set, else
-    this host's address on the route to the store's host."""
-    chosen = config.gloo_hostname()
-    if chosen:
-        return chosen
-    target = underlying_tcp_host(store)
-    if target:
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-                probe.connect((target, 9))  # no packet is sent: only the route is chosen
-                return str(probe.getsockname()[0])
-        except OSError:
-            pass
-    return "0.0.0.0"

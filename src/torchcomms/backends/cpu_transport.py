@@ -11,6 +11,10 @@ from being able to open a segment.  The tcp and hierarchical paths get a livenes
 
 from __future__ import annotations
 
+import secrets
+import socket
+from collections.abc import Mapping
+
 import torch._C._distributed_c10d as c10d
 
 from torchcomms import config
@@ -20,8 +24,9 @@ from torchcomms.backends.cpu_liveness import Liveness
 from torchcomms.backends.cpu_ops import CpuOps
 from torchcomms.backends.gloo_waits import GLOO_MARGIN
 from torchcomms.deadline import Deadline
-from torchcomms.errors import CommError
-from torchcomms.transport import gloo
+from torchcomms.errors import CommError, CommTimeoutError
+from torchcomms.transport import gloo, tcp_lane
+from torchcomms.transport.shm_channel import ranks_text
 from torchcomms.types import CommOptions
 
 
@@ -58,20 +63,38 @@ def open_transport(
     cpu_connect.rendezvous(
         store, "preconnect", rank, size, deadline, local, prefix, "the gloo connect"
     )
-    pg = cpu_connect.guarded(
-        lambda: gloo.new_process_group(
-            c10d.PrefixStore("gloo", store), rank, size, options.timeout + GLOO_MARGIN, device
-        ),
+    lane_host = "127.0.0.1" if len(set(hosts)) == 1 else None
+    lane = connect_lane(
+        store,
+        rank,
+        size,
+        lane_host,
+        options.hints,
         deadline,
         local,
-        list(local),
         prefix,
-        "the gloo connect",
     )
+    try:
+        pg = cpu_connect.guarded(
+            lambda: gloo.new_process_group(
+                c10d.PrefixStore("gloo", store), rank, size, options.timeout + GLOO_MARGIN, device
+            ),
+            deadline,
+            local,
+            list(local),
+            prefix,
+            "the gloo connect",
+        )
+    except BaseException:
+        lane.goodbye("FAILED failed")
+        lane.close()
+        raise
     liveness = Liveness(
         c10d.PrefixStore("lv", store), rank, peers, name, config.liveness_period_s()
     )
-    flat = GlooOps(pg, rank, size, peers, desc, liveness, config.mismatch_check(), options.timeout)
+    flat = GlooOps(
+        pg, lane, rank, size, peers, desc, liveness, config.mismatch_check(), options.timeout
+    )
     if mode != "tcp" and cpu_hier.wanted(peers) and not cpu_shm.unsupported_reason():
         try:
             return cpu_hier.connect(
@@ -81,6 +104,51 @@ def open_transport(
             flat.close(failed=True)
             raise
     return flat
+
+
+def connect_lane(
+    store: c10d.Store,
+    rank: int,
+    size: int,
+    host: str | None,
+    hints: Mapping[str, str],
+    deadline: Deadline,
+    local: Mapping[int, int],
+    prefix: str,
+) -> tcp_lane.Lane:
+    """This rank's ``tcp_lane`` connections (collective over the members).
+
+    The listener binds ``host`` (loopback when every member is on this host), else the
+    address peers reach this host by (``transport.gloo.reachable_address``).
+    """
+    what = "the tcp lane connect"
+    verdict = "connected/all"  # where rank 0 says that connecting failed (``backends.cpu``)
+    bind = host or gloo.reachable_address(store, hints.get("hostname"))
+    listener = tcp_lane.listen(bind)
+    advertised = socket.gethostname() if bind in ("0.0.0.0", "::") else bind
+    token = secrets.token_hex(8)
+    store.set(f"lane/{rank}", f"{token} {listener.getsockname()[1]} {advertised}")
+
+    def address_of(r: int) -> tuple[str, int, str]:
+        cpu_connect.wait_keys(store, {f"lane/{r}": r}, deadline, local, prefix, what, verdict)
+        theirs, port, at = store.get(f"lane/{r}").decode().split(" ", 2)
+        return at, int(port), theirs
+
+    def between(missing: list[int]) -> None:
+        cpu_connect.check_dead(local, missing, prefix, what)
+        cpu_connect.check_verdict(store, verdict, prefix, what)
+        if deadline.passed():
+            error = CommTimeoutError(
+                f"{prefix}timed out after {deadline.timeout.total_seconds():g} s in {what}: "
+                f"{ranks_text(missing)} never connected"
+            )
+            error.ranks = tuple(missing)
+            raise error
+
+    try:
+        return tcp_lane.connect(listener, token, rank, size, address_of, deadline.end, between)
+    except OSError as exc:
+        raise CommError(f"{prefix}{what} failed: {exc}") from exc
 
 
 def _use_shm(mode: str, peers: list[tuple[str, int]], rank: int, name: str) -> bool:

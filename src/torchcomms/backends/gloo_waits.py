@@ -28,6 +28,7 @@ from torchcomms.backends.cpu_liveness import Liveness
 from torchcomms.deadline import Deadline
 from torchcomms.transport.fault import WaitError
 from torchcomms.transport.shm_channel import ranks_text
+from torchcomms.transport.tcp_lane import LanePeerGone
 
 #: One wait slice: how soon a waiting op sees a dead peer, an abort or its deadline.
 SLICE = timedelta(milliseconds=50)
@@ -119,6 +120,67 @@ class GlooWaiter:
             self.troubled = True
             exc = failure[0]
             raise self._explained(exc, what) if isinstance(exc, RuntimeError) else exc
+
+    def check(self, deadline: Deadline, what: str) -> None:
+        """Between two wait slices of a collective: abort, dead peers, the deadline."""
+        self._between_slices(deadline, what, None)
+
+    def gone(self, exc: LanePeerGone, what: str) -> WaitError:
+        """A lane peer's connection ended: adopt what it said, else find out who died."""
+        peer, said = exc.peer, exc.said
+        if said == "BYE":
+            return WaitError(
+                "peer_failed",
+                [peer],
+                f"peer rank {peer} finalized the communicator while this rank waited in {what}",
+            )
+        if said is not None:
+            kind, _, listed = said.partition(" ")[2].partition(" ")
+            ranks = [int(r) for r in listed.split(",") if r.strip().isdigit()]
+            if kind == "dead" and ranks:
+                return WaitError(
+                    "dead", ranks, f"{ranks_text(ranks)} died (process gone), says rank {peer}"
+                )
+            if kind == "timeout" and ranks:
+                return WaitError(
+                    "timeout",
+                    ranks,
+                    f"rank {peer} timed out waiting for {ranks_text(ranks)} "
+                    f"while this rank waited in {what}",
+                )
+            dead = self._dead_peers()
+            if dead:  # the likely reason it failed
+                return WaitError(
+                    "dead", dead, f"{ranks_text(dead)} died (process gone); rank {peer} failed"
+                )
+            verb = "aborted its communicator" if kind == "aborted" else "failed"
+            return WaitError("peer_failed", [peer], f"peer rank {peer} {verb} (in {what})")
+        give_up = time.monotonic() + ATTRIBUTION_S
+        while True:
+            dead = self._dead_peers()
+            if dead:
+                return WaitError(
+                    "dead",
+                    dead,
+                    f"{ranks_text(dead)} died (process gone) while this rank waited in {what}",
+                )
+            lv = self.liveness
+            remote = lv is not None and peer in lv.elsewhere()
+            if remote or time.monotonic() >= give_up:
+                break
+            time.sleep(0.01)
+        if remote:
+            return WaitError(
+                "dead",
+                [peer],
+                f"{ranks_text([peer])} died (process gone): its connection ended without a "
+                f"goodbye while this rank waited in {what}",
+            )
+        return WaitError(
+            "peer_failed",
+            [peer],
+            f"peer rank {peer} closed its connection while this rank waited in {what}",
+        )
 
     def _explained(self, exc: RuntimeError, what: str) -> RuntimeError:
         """A gloo error names no peer: a broken connection is usually a peer that is

@@ -7,6 +7,7 @@ benchmark's raw-gloo baseline, so all three pick the same network device the sam
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -105,3 +106,20 @@ def underlying_tcp_host(store: c10d.Store) -> str | None:
             continue
         return None
     return None
+
+
+def reachable_address(store: c10d.Store, hostname: str | None = None) -> str:
+    """Where peers on other hosts can reach this rank: ``hostname`` or the gloo hostname
+    when set, else this host's address on the route to the store's host."""
+    chosen = hostname or config.gloo_hostname()
+    if chosen:
+        return chosen
+    target = underlying_tcp_host(store)
+    if target:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((target, 9))  # no packet is sent: only the route is chosen
+                return str(probe.getsockname()[0])
+        except OSError:
+            pass
+    return "0.0.0.0"
