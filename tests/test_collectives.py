@@ -486,6 +486,9 @@ PLANS = {
             "all_gather_single": None,
             "all_to_all_single": None,
             "broadcast": None,
+            "reduce": ("SUM",),
+            "scatter": None,
+            "gather": None,
         },
         all_roots=False,
     ),
@@ -638,10 +641,13 @@ def test_collective_matrix(world_size: int, plan_name: str) -> None:
     _assert_summaries(results, world_size, plan_name)
 
 
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_large_messages(world_size: int) -> None:
-    """1 MiB messages through all_reduce, reduce_scatter_single, all_gather_single, a2a, bcast."""
-    results = run_ranks(matrix_rank, world_size, "large", timeout=120.0)
+def test_large_messages(world_size: int, transport: str) -> None:
+    """1 MiB messages (past the tcp path's inline limit: its gloo calls) through all_reduce,
+    reduce, reduce_scatter_single, all_gather_single, a2a, broadcast, scatter and gather."""
+    env = {"TORCHCOMM_TRANSPORT": transport}
+    results = run_ranks(matrix_rank, world_size, "large", timeout=120.0, env=env)
     _assert_summaries(results, world_size, "large")
 
 

@@ -1,11 +1,16 @@
-"""What the mismatch check costs on tcp: the same all_reduce on a comm with the header
-exchange on, one with it off (``TORCHCOMM_MISMATCH_CHECK=0``) and raw ProcessGroupGloo,
-alternating blocks in one run.  Also the shm path (its check is always on) for scale.
+"""What the failure machinery costs: the same build with it on and off, in one run.
+
+For each transport (shm, tcp) two communicators over the same ranks: ``on`` (the
+defaults) and ``off`` (``TORCHCOMM_MISMATCH_CHECK=0``, and on tcp a liveness period of an
+hour, so the watcher never runs), plus raw ProcessGroupGloo.  Every block times
+``--iters`` back-to-back sync all_reduces per (variant, size), the variants in a rotated
+order per block; the figure per variant is the median over blocks of the mean per call.
 
     python benchmarks/diagnostics/check_overhead.py [--nproc 2] [--blocks 10] [--iters 200]
         [--json out.json]
 
-Prints p50 per (variant, size) in microseconds; ratios against raw gloo.
+Prints per (transport, size): on, off, the cost (the median over blocks of on - off in
+the same block, microseconds and percent of off), and gloo.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from _doc import write_doc
 
-SIZES = (8, 1024, 1 << 20)
+SIZES = (8, 4096, 1 << 20)
+TRANSPORTS = ("shm", "tcp")
 
 
 def _worker(rank: int, size: int, path: str, blocks: int, iters: int, q: object) -> None:
@@ -34,23 +40,28 @@ def _worker(rank: int, size: int, path: str, blocks: int, iters: int, q: object)
     store = dist.FileStore(path, size)
     timeout = datetime.timedelta(seconds=120)
     comms = {}
-    for name, env, transport in (("on", "1", "tcp"), ("off", "0", "tcp"), ("shm", "1", "shm")):
-        os.environ["TORCHCOMM_MISMATCH_CHECK"] = env
-        comms[name] = torchcomms.new_comm(
-            "gloo",
-            torch.device("cpu"),
-            name=f"c_{name}",
-            store=store,
-            timeout=timeout,
-            hints={"transport": transport},
-        )
+    for transport in TRANSPORTS:
+        for state in ("on", "off"):
+            os.environ["TORCHCOMM_MISMATCH_CHECK"] = "1" if state == "on" else "0"
+            os.environ["TORCHCOMM_LIVENESS_PERIOD_MS"] = "50" if state == "on" else "3600000"
+            comms[f"{transport}-{state}"] = torchcomms.new_comm(
+                "gloo",
+                torch.device("cpu"),
+                name=f"c_{transport}_{state}",
+                store=store,
+                timeout=timeout,
+                hints={"transport": transport},
+            )
     _, device = gloo.choose_device({}, ["h"] * size, "h", None)
     pg = gloo.new_process_group(dist.PrefixStore("raw", store), rank, size, timeout, device)
     times: dict[str, list[float]] = {}
-    for _ in range(blocks):
+    names = list(comms)
+    for block in range(blocks):
         for nbytes in SIZES:
             t = torch.ones(nbytes // 4, dtype=torch.float32)
-            for name, comm in comms.items():
+            shift = block % len(names)
+            for name in names[shift:] + names[:shift]:
+                comm = comms[name]
                 comm.barrier(False)
                 start = time.perf_counter()
                 for _ in range(iters):
@@ -91,15 +102,26 @@ def main() -> None:
     for p in procs:
         p.join()
     rows = {}
-    for nbytes in SIZES:
-        gloo_p50 = statistics.median(times[f"gloo/{nbytes}"])
-        for name in ("on", "off", "shm", "gloo"):
-            p50 = statistics.median(times[f"{name}/{nbytes}"])
-            rows[f"{name}/{nbytes}"] = {
-                "p50_us": round(p50, 2),
-                "vs_gloo": round(gloo_p50 / p50, 3),
+    for transport in TRANSPORTS:
+        for nbytes in SIZES:
+            on_blocks = times[f"{transport}-on/{nbytes}"]
+            off_blocks = times[f"{transport}-off/{nbytes}"]
+            on = statistics.median(on_blocks)
+            off = statistics.median(off_blocks)
+            # Paired per block (the same minute of the machine): the robust figure.
+            paired = statistics.median(a - b for a, b in zip(on_blocks, off_blocks, strict=True))
+            gloo_p50 = statistics.median(times[f"gloo/{nbytes}"])
+            rows[f"{transport}/{nbytes}"] = {
+                "on_us": round(on, 2),
+                "off_us": round(off, 2),
+                "cost_us": round(paired, 2),
+                "cost_pct": round(100 * paired / off, 1),
+                "gloo_us": round(gloo_p50, 2),
             }
-            print(f"{name:5s} {nbytes:>8d} B  p50 {p50:9.2f} us  gloo/ours {gloo_p50 / p50:6.3f}")
+            print(
+                f"{transport:4s} {nbytes:>8d} B  on {on:9.2f} us  off {off:9.2f} us  "
+                f"cost {paired:+8.2f} us ({100 * paired / off:+5.1f} %)  gloo {gloo_p50:9.2f} us"
+            )
     if args.json:
         write_doc(
             args.json,

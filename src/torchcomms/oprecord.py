@@ -36,9 +36,6 @@ CommT = TypeVar("CommT")
 
 logger = logging.getLogger("torchcomms.oprecord")
 
-# Wall-clock minus monotonic, so monotonic stamps taken by works convert to wall-clock.
-_WALL_OFFSET_NS = time.time_ns() - time.monotonic_ns()
-
 
 class OpObserver(Protocol):
     def op_scheduled(self, record: OpRecord) -> None: ...
@@ -106,7 +103,11 @@ class OpRecord(Generic[CommT]):
             return self.time_started_ns
         work = self.work
         mono = work._started_ns() if work is not None else None
-        return None if mono is None else mono + _WALL_OFFSET_NS
+        if mono is None:
+            return None
+        # "That long ago" in wall-clock time: an offset taken once would drift from
+        # ``time_created_ns`` whenever the wall clock is stepped (NTP, a VM resync).
+        return time.time_ns() - (time.monotonic_ns() - mono)
 
     def _work_started(self) -> bool:
         work = self.work

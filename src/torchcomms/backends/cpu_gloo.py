@@ -1,15 +1,15 @@
 """``GlooOps``: every op of the CPU backend over one torch ``ProcessGroupGloo`` (TCP).
 
-**The header.**  Every collective starts with one all_gather of a header (the op's
-fingerprint and the collective sequence number, ``torchcomms.fingerprint``) plus, for
-small messages, the payload itself (``INLINE_BYTES``), through the communicator's
-``tcp_lane`` (direct sockets, on the op's thread: no gloo thread hand-offs).  Ranks that
-called different collectives all raise a mismatch naming who passed what, before any
-data is combined and before gloo sees sizes that differ between ranks (it aborts the
-process on those).  Small all_reduce / reduce / broadcast / all_gather and barrier finish
-inside that one exchange (the reduction runs locally, in rank order, where that cannot
-change a bit of gloo's result), so the check costs them nothing.
-``TORCHCOMM_MISMATCH_CHECK=0`` drops the header from the other ops.
+**The header** (``gloo_exchange``).  Every collective starts with one exchange of
+headers (the op's fingerprint and sequence number) through the communicator's
+``tcp_lane`` (direct sockets, on the op's thread: no gloo thread hand-offs), so ranks
+that called different collectives all raise a mismatch before any data is combined and
+before gloo sees sizes that differ between ranks (it aborts the process on those).
+Small collectives (up to ``Exchange.inline_max`` bytes per rank) finish inside that one
+exchange: the payload rides in the header's row, and reductions run locally in rank
+order where that cannot change a bit of gloo's result (exact dtypes, order-free ops, or
+two float32/64 operands), so the check costs them nothing.  Larger ones then call gloo.
+``TORCHCOMM_MISMATCH_CHECK=0`` drops the header from those.
 
 **Waits** (``gloo_waits``).  A gloo wait runs in short slices; between them it checks the
 abort flag, the peers' liveness (``cpu_liveness``) and the op's deadline, so a dead peer
@@ -24,7 +24,6 @@ deadlock.  Runs on the op's thread (see ``cpu_ops``); ``abort`` on any thread.
 
 from __future__ import annotations
 
-import ctypes
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import timedelta
@@ -37,25 +36,18 @@ from torchcomms import fingerprint as F
 from torchcomms.backends._host import finish_average, on_host, overlaps
 from torchcomms.backends.cpu_liveness import Liveness
 from torchcomms.backends.cpu_ops import Completion, CpuOps
+from torchcomms.backends.gloo_exchange import Exchange
 from torchcomms.backends.gloo_waits import GLOO_MARGIN_S, GlooWaiter
 from torchcomms.backends.reductions import reduce_rows
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
 from torchcomms.transport import gloo, shm_segment
-from torchcomms.transport.fault import WaitError
-from torchcomms.transport.tcp_lane import Lane, LanePeerGone
+from torchcomms.transport.tcp_lane import Lane
 from torchcomms.types import P2POp, P2POpType, RedOpType, ReduceOp
 
 # gloo tags are 32-bit: sequence numbers and user tags wrap within 2**30 (even / odd halves).
 _TAG_SPAN = 2**30
 
-_MAGIC = 0x70C0_C0DE
-_HEADER_WORDS = 8  # magic, seq, digest, descriptor, count, 3 spare (int64 each)
-#: Payload bytes that ride in the header exchange.
-INLINE_BYTES = 1024
-_WORDS = _HEADER_WORDS + INLINE_BYTES // 8
-_HEADER_BYTES = _HEADER_WORDS * 8
-_ROW_BYTES = _WORDS * 8
 _EXACT_ORDER_FREE = (RedOpType.MAX, RedOpType.MIN, RedOpType.BAND, RedOpType.BOR)
 
 
@@ -107,19 +99,9 @@ class GlooOps(CpuOps):
         self.waiter = GlooWaiter(rank, self.dead_peers, liveness, lambda: self.seq)
         self._send_seq: dict[int, int] = defaultdict(int)
         self._recv_seq: dict[int, int] = defaultdict(int)
-        # Every rank's header row; this rank's row is where it writes its own.
-        self._out = torch.zeros(size * _WORDS, dtype=torch.int64)
-        self._out_words = self._out.numpy().data.cast("B").cast("q")
-        self._out_mv = self._out.numpy().data.cast("B")
-        self._src_words = self._out_words[rank * _WORDS : (rank + 1) * _WORDS]
-        self._src_words[0] = _MAGIC
-        self._src_payload = self._out.data_ptr() + rank * _ROW_BYTES + _HEADER_BYTES
-        self._lengths = [0] * size
-        self._row_starts = [r * _WORDS for r in range(size)]
-        self._rows = self._out.numpy().reshape(size, _WORDS)
         self._pg_timeout = pg_timeout
-        self._views: dict[tuple[torch.dtype, int], torch.Tensor] = {}  # payload rows by shape
-        self._out_bytes = self._out.view(torch.uint8).view(size, _ROW_BYTES)
+        self.exchange = Exchange(lane, rank, size, self.waiter)
+        self.inline_max = self.exchange.inline_max
 
     def describe(self) -> str:
         return f"tcp ({self.device_desc})"
@@ -156,50 +138,17 @@ class GlooOps(CpuOps):
 
     # -- the header and the waits (see the module docstring) -----------------------------
     def enter(
-        self,
-        fp: Fingerprint,
-        deadline: Deadline,
-        payload: torch.Tensor | None = None,
-    ) -> torch.Tensor | None:
-        """Start a collective: exchange headers (and ``payload``, contiguous, at most
-        ``INLINE_BYTES``); raise a mismatch.  Returns ``[size, bytes]`` rows whose
-        payload starts at ``_HEADER_BYTES``, or None when the check is off."""
+        self, fp: Fingerprint, deadline: Deadline, payload: torch.Tensor | None = None
+    ) -> None:
+        """Start a collective: exchange headers (and ``payload``, at most ``inline_max``
+        bytes, then readable through ``exchange.payload``); raise a mismatch.  Without a
+        payload, skipped when the check is off."""
         self.seq += 1
         if self.liveness is not None:
             self.liveness.seq = self.seq
         if payload is None and not self.check:
-            return None
-        words = self._src_words
-        words[1] = self.seq
-        words[2], words[3], words[4] = fp
-        nbytes = 0
-        if payload is not None and payload.numel():
-            nbytes = payload.numel() * payload.element_size()
-            if payload.is_cpu and payload.is_contiguous():
-                ctypes.memmove(self._src_payload, payload.data_ptr(), nbytes)
-            else:
-                self._out_bytes[self.rank, _HEADER_BYTES : _HEADER_BYTES + nbytes].copy_(
-                    payload.reshape(-1).view(torch.uint8)
-                )
-        what = F.OP_NAMES[fp[1] & 0xFF]
-        self._lengths[self.rank] = _HEADER_BYTES + nbytes
-        waiter = self.waiter
-        try:
-            self.lane.all_gather(
-                self._out_mv, _ROW_BYTES, self._lengths, lambda: waiter.check(deadline, what)
-            )
-        except LanePeerGone as gone:
-            raise waiter.gone(gone, what) from None
-        got = self._out_words
-        mine = words[1:5]
-        for base in self._row_starts:  # the common case: equal headers, a few int compares
-            if got[base + 1 : base + 5] != mine:
-                rows = self._rows
-                by_rank = [((int(r[2]), int(r[3]), int(r[4])), int(r[1])) for r in rows]
-                found = F.mismatch(by_rank)
-                bad, text = found if found is not None else ([], "different headers")
-                raise WaitError("mismatch", bad, f"{what}: collective mismatch: {text}")
-        return self._out_bytes
+            return
+        self.exchange.run(self.seq, fp, deadline, payload)
 
     def arm(self, gloo_options: Any, deadline: Deadline) -> None:
         """gloo's own timeout for one call, a backstop past the op's deadline (which ``wait``
@@ -219,14 +168,11 @@ class GlooOps(CpuOps):
         fp = F.make(F.ALL_REDUCE, tensor.dtype, tensor.numel(), redop=op)
         with on_host(tensor) as host:
             if self.inline_reduce(host, op):
-                rows = self.enter(fp, deadline, _premultiplied(host, op))
-                assert rows is not None
-                self._reduce_rows(rows, host, op)
+                self.enter(fp, deadline, _premultiplied(host, op))
+                self._reduce_rows(host, op)
                 finish_average(host, op, self.size)
                 return
             self.enter(fp, deadline)
-            if host.numel() == 0:
-                return
             o = c10d.AllreduceOptions()
             o.reduceOp = gloo.c10d_op(op, host.dtype)
             self.arm(o, deadline)
@@ -234,38 +180,34 @@ class GlooOps(CpuOps):
             self.wait(self.pg.allreduce([host], o), deadline, "all_reduce")
             finish_average(host, op, self.size)
 
-    def inline_reduce(self, host: torch.Tensor, op: ReduceOp) -> bool:
-        """Whether a reduction rides in the header: small, and the result is gloo's, bit
-        for bit (exact dtypes, order-free ops, or two float32/64 operands)."""
-        if host.numel() * host.element_size() > INLINE_BYTES:
+    def inline_reduce(self, host: torch.Tensor, op: ReduceOp, nbytes: int = -1) -> bool:
+        """Whether a reduction of ``host`` (``nbytes`` per rank, default all of it) rides in
+        the header: small, and the result is gloo's, bit for bit (exact dtypes,
+        order-free ops, or two float32/64 operands)."""
+        if nbytes < 0:
+            nbytes = host.numel() * host.element_size()
+        if nbytes > self.inline_max:
             return False
         dtype = host.dtype
+        if nbytes == 0:
+            return True
         if not dtype.is_floating_point or op.type in _EXACT_ORDER_FREE:
             return True
         return self.size == 2 and dtype in (torch.float32, torch.float64)
 
-    def _reduce_rows(self, rows: torch.Tensor, out: torch.Tensor, op: ReduceOp) -> None:
+    def _reduce_rows(self, out: torch.Tensor, op: ReduceOp, first: int = 0) -> None:
+        """Reduce every rank's payload elements ``first ..`` (as many as ``out``) into it."""
         n = out.numel()
-        if n == 0:
-            return
-        key = (out.dtype, n)
-        data = self._views.get(key)
-        if data is None:
-            nbytes = n * out.element_size()
-            data = rows[:, _HEADER_BYTES : _HEADER_BYTES + nbytes].view(out.dtype)
-            if len(self._views) > 256:
-                self._views.clear()
-            self._views[key] = data
-        reduce_rows(data, out.view(-1), op)
+        if n:
+            reduce_rows(self.exchange.payload(out.dtype, first, n), out.view(-1), op)
 
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, deadline: Deadline) -> None:
         fp = F.make(F.REDUCE, tensor.dtype, tensor.numel(), root, op)
         with on_host(tensor) as host:
             if self.inline_reduce(host, op):
-                rows = self.enter(fp, deadline, _premultiplied(host, op))
+                self.enter(fp, deadline, _premultiplied(host, op))
                 if self.rank == root:
-                    assert rows is not None
-                    self._reduce_rows(rows, host, op)
+                    self._reduce_rows(host, op)
                     finish_average(host, op, self.size)
                 return
             self.enter(fp, deadline)
@@ -291,22 +233,29 @@ class GlooOps(CpuOps):
         op: ReduceOp,
         deadline: Deadline,
     ) -> None:
-        self.enter(F.make(F.REDUCE_SCATTER, output.dtype, output.numel(), -1, op), deadline)
-        if output.numel() == 0:
-            return
         flat = torch.cat([t.detach().to("cpu").reshape(-1) for t in input_list])
-        with on_host(output) as host_out:
-            self._reduce_scatter_flat(host_out.view(-1), flat, op, deadline)
+        self._reduce_scatter(output, flat, op, deadline)
 
     def reduce_scatter_single(
         self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, deadline: Deadline
     ) -> None:
-        self.enter(F.make(F.REDUCE_SCATTER, output.dtype, output.numel(), -1, op), deadline)
-        if output.numel() == 0:
-            return
-        src = input.detach().to("cpu").reshape(-1)
+        self._reduce_scatter(output, input.detach().to("cpu").reshape(-1), op, deadline)
+
+    def _reduce_scatter(
+        self, output: torch.Tensor, flat_in: torch.Tensor, op: ReduceOp, deadline: Deadline
+    ) -> None:
+        n = output.numel()
+        fp = F.make(F.REDUCE_SCATTER, output.dtype, n, -1, op)
         with on_host(output) as host_out:
-            self._reduce_scatter_flat(host_out.view(-1), src, op, deadline)
+            out = host_out.view(-1)
+            if self.inline_reduce(out, op, flat_in.numel() * flat_in.element_size()):
+                self.enter(fp, deadline, _premultiplied(flat_in, op))
+                self._reduce_rows(out, op, self.rank * n)
+                finish_average(out, op, self.size)
+                return
+            self.enter(fp, deadline)
+            if n:
+                self._reduce_scatter_flat(out, flat_in, op, deadline)
 
     def _reduce_scatter_flat(
         self, out: torch.Tensor, flat_in: torch.Tensor, op: ReduceOp, deadline: Deadline
@@ -341,12 +290,11 @@ class GlooOps(CpuOps):
         fp = F.make(F.BROADCAST, tensor.dtype, tensor.numel(), root)
         with on_host(tensor) as host:
             nbytes = host.numel() * host.element_size()
-            if nbytes <= INLINE_BYTES:
-                rows = self.enter(fp, deadline, host if self.rank == root else _NOTHING)
-                assert rows is not None
+            if nbytes <= self.inline_max:
+                self.enter(fp, deadline, host if self.rank == root else _NOTHING)
                 if self.rank != root and nbytes:
-                    data = rows[root, _HEADER_BYTES : _HEADER_BYTES + nbytes]
-                    host.view(-1).copy_(data.view(host.dtype))
+                    data = self.exchange.payload(host.dtype, 0, host.numel())[root]
+                    host.view(-1).copy_(data)
                 return
             self.enter(fp, deadline)
             self._broadcast(host, root, deadline)
@@ -364,8 +312,17 @@ class GlooOps(CpuOps):
         root: int,
         deadline: Deadline,
     ) -> None:
-        self.enter(F.make(F.SCATTER, output.dtype, output.numel(), root), deadline)
-        if output.numel() == 0:
+        fp = F.make(F.SCATTER, output.dtype, output.numel(), root)
+        n = output.numel()
+        if n * output.element_size() * self.size <= self.inline_max:
+            mine = torch.cat([t.reshape(-1) for t in input_list]) if self.rank == root else None
+            self.enter(fp, deadline, _NOTHING if mine is None else mine.to("cpu"))
+            if n:
+                got = self.exchange.payload(output.dtype, self.rank * n, n)[root]
+                output.copy_(got.view(output.shape))
+            return
+        self.enter(fp, deadline)
+        if n == 0:
             return
         o = c10d.ScatterOptions()
         o.rootRank = root
@@ -384,8 +341,17 @@ class GlooOps(CpuOps):
         root: int,
         deadline: Deadline,
     ) -> None:
-        self.enter(F.make(F.GATHER, input.dtype, input.numel(), root), deadline)
-        if input.numel() == 0:
+        fp = F.make(F.GATHER, input.dtype, input.numel(), root)
+        n = input.numel()
+        if n * input.element_size() <= self.inline_max:
+            self.enter(fp, deadline, input.detach().to("cpu"))
+            if n and self.rank == root:
+                got = self.exchange.payload(input.dtype, 0, n)
+                for out, row in zip(output_list, got, strict=True):
+                    out.copy_(row.view(out.shape))
+            return
+        self.enter(fp, deadline)
+        if n == 0:
             return
         o = c10d.GatherOptions()
         o.rootRank = root
@@ -422,12 +388,10 @@ class GlooOps(CpuOps):
         n = src.numel()
         fp = F.make(F.ALL_GATHER, src.dtype, n)
         nbytes = n * src.element_size()
-        if nbytes <= INLINE_BYTES:
-            rows = self.enter(fp, deadline, src.contiguous())
-            assert rows is not None
+        if nbytes <= self.inline_max:
+            self.enter(fp, deadline, src)
             if n:
-                data = rows[:, _HEADER_BYTES : _HEADER_BYTES + nbytes]
-                flat.view(self.size, n).copy_(data.view(src.dtype))
+                flat.view(self.size, n).copy_(self.exchange.payload(src.dtype, 0, n))
             return
         self.enter(fp, deadline)
         o = c10d.AllgatherOptions()
@@ -459,7 +423,16 @@ class GlooOps(CpuOps):
     ) -> None:
         even = not in_splits or (len(set(in_splits)) == 1 and list(in_splits) == list(out_splits))
         count = input.numel() if even else 0
-        self.enter(F.make(F.ALL_TO_ALL if even else F.ALL_TO_ALL_V, input.dtype, count), deadline)
+        fp = F.make(F.ALL_TO_ALL if even else F.ALL_TO_ALL_V, input.dtype, count)
+        if even and count * input.element_size() <= self.inline_max:
+            self.enter(fp, deadline, input.detach().to("cpu").reshape(-1))
+            if count:
+                chunk = count // self.size
+                got = self.exchange.payload(input.dtype, self.rank * chunk, chunk)
+                with on_host(output) as host_out:
+                    host_out.view(self.size, chunk).copy_(got)
+            return
+        self.enter(fp, deadline)
         if not in_splits and input.numel() == 0:
             return
         with on_host(output) as host_out:

@@ -49,7 +49,7 @@ from torchcomms import config
 from torchcomms import fingerprint as F
 from torchcomms.backends import cpu_connect, cpu_shm
 from torchcomms.backends._host import finish_average, on_host
-from torchcomms.backends.cpu_gloo import INLINE_BYTES, GlooOps
+from torchcomms.backends.cpu_gloo import GlooOps
 from torchcomms.backends.cpu_ops import Completion, CpuOps
 from torchcomms.backends.gloo_waits import GLOO_MARGIN
 from torchcomms.backends.shm_collectives import ShmCollectives
@@ -315,7 +315,7 @@ class HierOps(CpuOps):
     def broadcast(self, tensor: torch.Tensor, root: int, deadline: Deadline) -> None:
         """Inside the root's host first, then between leaders, then inside the other hosts
         (small: the flat path's header call; else after every rank's header)."""
-        if tensor.numel() * tensor.element_size() <= INLINE_BYTES:
+        if tensor.numel() * tensor.element_size() <= self.flat.inline_max:
             self.flat.broadcast(tensor, root, deadline)
             return
         self.flat.enter(F.make(F.BROADCAST, tensor.dtype, tensor.numel(), root), deadline)

@@ -134,7 +134,7 @@ def open_collectives(
         mm.close()
         raise
     chan = ShmChannel(mm, layout, rank, pids, WaitPolicy(size), describe)
-    return ShmCollectives(chan, oneshot)
+    return ShmCollectives(chan, oneshot, config.mismatch_check())
 
 
 class ShmOps(CpuOps):

@@ -62,8 +62,11 @@ def _bounds(rank: int, shard: int, n: int) -> tuple[int, int]:
 class ShmCollectives:
     """Every collective of the API over one channel (see the module docstring)."""
 
-    def __init__(self, chan: ShmChannel, oneshot_max: int) -> None:
+    def __init__(self, chan: ShmChannel, oneshot_max: int, check: bool = True) -> None:
         self.chan = chan
+        #: Exchange and compare fingerprints (``TORCHCOMM_MISMATCH_CHECK``; off only to
+        #: measure what the check costs).
+        self.check = check
         self.oneshot_max = oneshot_max
         self.rank = chan.rank
         self.size = chan.size
@@ -83,7 +86,7 @@ class ShmCollectives:
         if plan is not False:
             self._oneshot_all_reduce(flat, op, plan, deadline)
             return
-        fp = F.make(F.ALL_REDUCE, dtype, n, redop=op)
+        fp = F.make(F.ALL_REDUCE, dtype, n, redop=op) if self.check else None
         cap = chan.slot_capacity(dtype)
         pair = self.size == 2
         for start in range(0, n, cap):
@@ -145,23 +148,26 @@ class ShmCollectives:
             torch.mul(flat, op.factor_value(), out=slots[p])
         else:
             slots[p].copy_(flat)
-        meta = chan.my_meta[p]
-        seq = chan.op_seq
-        digest = fp[0]
-        flags[meta + 4] = seq
-        flags[meta + 2] = fp[1]
-        flags[meta + 3] = fp[2]
-        flags[meta] = digest
+        check = self.check
+        if check:
+            meta = chan.my_meta[p]
+            seq = chan.op_seq
+            digest = fp[0]
+            flags[meta + 4] = seq
+            flags[meta + 2] = fp[1]
+            flags[meta + 3] = fp[2]
+            flags[meta] = digest
         flags[chan.pub_index] = k
         chan.ring()
         for i in chan.all_pub:
             if flags[i] < k:
                 chan.wait_all(k, deadline)
                 break
-        for i in chan.all_meta[p]:
-            if flags[i] != digest or flags[i + 4] != seq:
-                chan.check_fingerprints(k, fp, "all_reduce")
-                break
+        if check:
+            for i in chan.all_meta[p]:
+                if flags[i] != digest or flags[i + 4] != seq:
+                    chan.check_fingerprints(k, fp, "all_reduce")
+                    break
         if plain_sum:
             torch.sum(rows[p], 0, dtype=flat.dtype, out=flat)
         else:
@@ -526,7 +532,7 @@ class ShmCollectives:
         """An op with nothing to move still meets its peers: a mismatch must not slip by."""
         self._check_round(self._fp(op, dtype, 0, root, redop), deadline, F.OP_NAMES[op])
 
-    def _check_round(self, fp: Fingerprint, deadline: Deadline, what: str) -> None:
+    def _check_round(self, fp: Fingerprint | None, deadline: Deadline, what: str) -> None:
         chan = self.chan
         k = chan.begin(deadline)
         chan.exchange(k, deadline, fp, what)
@@ -540,10 +546,11 @@ class ShmCollectives:
         root: int = -1,
         redop: ReduceOp | None = None,
         sizes: Sequence[int] = (),
-    ) -> Fingerprint:
-        """The next collective's fingerprint (the sequence number advances)."""
+    ) -> Fingerprint | None:
+        """The next collective's fingerprint, None with the check off (the sequence number
+        advances either way)."""
         self.chan.op_seq += 1
-        return F.make(op, dtype, count, root, redop, sizes)
+        return F.make(op, dtype, count, root, redop, sizes) if self.check else None
 
 
 def _offsets(splits: Sequence[int]) -> list[int]:
