@@ -278,8 +278,8 @@ def shm_wait_policy() -> tuple[int, int, int] | None:
 def mismatch_check() -> bool:
     """``TORCHCOMM_MISMATCH_CHECK`` (default on): exchange every collective's fingerprint.
 
-    Off, the tcp path skips the header call of ops whose data does not ride in it; the
-    shm path's check is free and always on.
+    Off (to measure what it costs), the tcp path skips the header exchange of ops whose
+    data does not ride in it, and the shm path writes and compares no fingerprints.
     """
     return env_bool("TORCHCOMM_MISMATCH_CHECK", True)
 

@@ -60,7 +60,13 @@ def _mismatch_cases(me: int, world: int) -> dict[str, Callable[[TorchComm], dict
         return o
 
     def all_reduce_large_numel(c: TorchComm) -> dict[str, Any]:
-        t = torch.full((4096 if odd else 2048,), me + 1, dtype=torch.int64)
+        # 256 KiB vs 128 KiB: past the tcp path's inline limit on both sides (gloo's call).
+        t = torch.full((32768 if odd else 16384,), me + 1, dtype=torch.int64)
+        return outcome(lambda: c.all_reduce(t, ReduceOp.SUM, False))
+
+    def inline_vs_not(c: TorchComm) -> dict[str, Any]:
+        # 128 KiB vs 16 KiB: one side's data would ride in the tcp header, the other's not.
+        t = torch.full((16384 if odd else 2048,), me + 1, dtype=torch.int64)
         return outcome(lambda: c.all_reduce(t, ReduceOp.SUM, False))
 
     def dtype(c: TorchComm) -> dict[str, Any]:
@@ -101,6 +107,7 @@ def _mismatch_cases(me: int, world: int) -> dict[str, Callable[[TorchComm], dict
     return {
         "all_reduce_numel": all_reduce_numel,
         "all_reduce_large_numel": all_reduce_large_numel,
+        "inline_vs_not": inline_vs_not,
         "dtype": dtype,
         "reduce_op": reduce_op,
         "root": root,
@@ -114,6 +121,7 @@ def _mismatch_cases(me: int, world: int) -> dict[str, Callable[[TorchComm], dict
 MISMATCH_FIELDS = {
     "all_reduce_numel": "count=",
     "all_reduce_large_numel": "count=",
+    "inline_vs_not": "count=",
     "dtype": "dtype=",
     "reduce_op": "reduce_op=",
     "root": "root=",
