@@ -139,19 +139,24 @@ class GlooWaiter:
             ranks = [int(r) for r in listed.split(",") if r.strip().isdigit()]
             if kind == "dead" and ranks:
                 return WaitError(
-                    "dead", ranks, f"{ranks_text(ranks)} died (process gone), says rank {peer}"
+                    "dead",
+                    ranks,
+                    f"{ranks_text(ranks)} died (process gone) while this rank waited in {what} "
+                    "(reported by the peer it waited for)",
                 )
             if kind == "timeout" and ranks:
                 return WaitError(
                     "timeout",
                     ranks,
-                    f"rank {peer} timed out waiting for {ranks_text(ranks)} "
-                    f"while this rank waited in {what}",
+                    f"waiting for {ranks_text(ranks)} in {what} (the peer this rank waited "
+                    "for timed out waiting for them)",
                 )
             dead = self._dead_peers()
             if dead:  # the likely reason it failed
                 return WaitError(
-                    "dead", dead, f"{ranks_text(dead)} died (process gone); rank {peer} failed"
+                    "dead",
+                    dead,
+                    f"{ranks_text(dead)} died (process gone) while this rank waited in {what}",
                 )
             verb = "aborted its communicator" if kind == "aborted" else "failed"
             return WaitError("peer_failed", [peer], f"peer rank {peer} {verb} (in {what})")
