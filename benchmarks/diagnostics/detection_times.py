@@ -24,8 +24,8 @@ import datetime
 import multiprocessing as mp
 import os
 import signal
+import socket
 import statistics
-import tempfile
 import time
 from typing import Any
 
@@ -37,14 +37,17 @@ PLACEMENTS = ("shm", "tcp", "tcp-hosts")
 FAULTS = ("kill", "stop", "mismatch")
 
 
-def _rank(rank: int, world: int, path: str, placement: str, fault: str, q: Any) -> None:
+def _rank(rank: int, world: int, port: int, placement: str, fault: str, q: Any) -> None:
     os.environ.update(TORCHCOMM_RANK=str(rank), TORCHCOMM_SIZE=str(world))
     os.environ["TORCHCOMM_ABORT_ON_ERROR"] = "0"
     if placement == "tcp-hosts":
         os.environ["TORCHCOMM_HOST_ID"] = f"detect-host-{rank}"
     import torchcomms
 
-    store = dist.FileStore(path, world)
+    # A TCPStore, never a FileStore: a stopped rank holding the FileStore's lock would
+    # block every other rank's store call for good.  Rank 0 serves it (never the victim),
+    # so the parent starts no thread before it forks.
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, wait_for_workers=False)
     comm = torchcomms.new_comm(
         "gloo",
         torch.device("cpu"),
@@ -64,7 +67,7 @@ def _rank(rank: int, world: int, path: str, placement: str, fault: str, q: Any) 
         os.kill(os.getpid(), signal.SIGKILL)
     if fault == "stop":
         if rank == victim:
-            store.wait(["released"], datetime.timedelta(seconds=60))
+            time.sleep(120)  # stopped in here; the parent kills it after the trial
             os._exit(0)
         if rank == 0:
             os.kill(int(store.get(f"pid/{victim}").decode()), signal.SIGSTOP)
@@ -87,10 +90,9 @@ def _rank(rank: int, world: int, path: str, placement: str, fault: str, q: Any) 
     else:
         base = start
     q.put((rank, kind, end - base))
-    if fault == "stop" and rank == 0:
-        store.set(f"reported/{rank}", "1")
-        os.kill(int(store.get(f"pid/{victim}").decode()), signal.SIGCONT)
-        store.set("released", "1")
+    store.set(f"done/{rank}", "1")
+    if rank == 0:  # serve the store until every survivor is done with it
+        store.wait([f"done/{r}" for r in range(world - 1)])
     os._exit(0)  # the comm is broken by design; skip its teardown
 
 
@@ -104,18 +106,21 @@ EXPECTED = {
 def _trial(world: int, placement: str, fault: str) -> list[tuple[int, str, float]]:
     ctx = mp.get_context("fork")
     q = ctx.SimpleQueue()  # put() writes at once: ranks end with os._exit
-    path = tempfile.mktemp(prefix="detect_")
+    with socket.socket() as probe:  # a free port for rank 0's store
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     procs = [
-        ctx.Process(target=_rank, args=(r, world, path, placement, fault, q)) for r in range(world)
+        ctx.Process(target=_rank, args=(r, world, port, placement, fault, q)) for r in range(world)
     ]
     for p in procs:
         p.start()
     reporters = world if fault == "mismatch" else world - 1
     got = [q.get() for _ in range(reporters)]
     for p in procs:
-        p.join(30)
+        p.join(0 if fault == "stop" and p is procs[-1] else 30)
         if p.is_alive():
-            p.kill()
+            p.kill()  # the stopped victim (SIGKILL ends a stopped process too)
+            p.join(30)
     return got
 
 

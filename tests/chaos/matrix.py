@@ -8,9 +8,11 @@ Results go to ``report_dir`` (a killed rank fails the task).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from tests.chaos.faults import outcome
 from tests.harness import RankContext
@@ -68,6 +71,50 @@ def _op(name: str, comm: TorchComm, rank: int, world: int, n: int) -> Callable[[
         comm.barrier(False)
         return lambda: True
     raise ValueError(name)
+
+
+def _store_ports(*stores: Any) -> set[int]:
+    """The ports of the TCPStores under ``stores`` (through PrefixStores)."""
+    ports = set()
+    for store in stores:
+        for _ in range(16):
+            if isinstance(store, dist.TCPStore):
+                ports.add(store.port)
+                break
+            if not isinstance(store, dist.PrefixStore):
+                break
+            store = store.underlying_store
+    return ports
+
+
+def _shut_down_sockets(ctx: RankContext, comm: TorchComm) -> int:
+    """Shut down every TCP connection of this process but the stores' (the harness's and
+    the communicator's own): what a broken link or a killed connection looks like to the
+    peers while the process lives."""
+    comm_store = comm.get_backend_impl()._store.store  # type: ignore[attr-defined]
+    store_ports = _store_ports(ctx.store, comm_store)
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue  # not a socket
+        with sock:
+            try:
+                if sock.type != socket.SOCK_STREAM or sock.family not in (
+                    socket.AF_INET,
+                    socket.AF_INET6,
+                ):
+                    continue
+                peer = sock.getpeername()
+            except OSError:
+                continue  # a listener, or not connected
+            if peer[1] in store_ports:
+                continue
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+                count += 1
+    return count
 
 
 def trial(
@@ -131,6 +178,22 @@ def trial(
             if me == 0:
                 os.kill(victim_pid, signal.SIGCONT)
                 ctx.store.set("released", "1")
+    elif fault == "slow":
+        # Late by half the op's timeout: a slow peer is not a failure.
+        comm.set_timeout(timedelta(seconds=OP_TIMEOUT_S))
+        if me == victim:
+            time.sleep(OP_TIMEOUT_S / 2)
+        seen["op"] = run()
+    elif fault == "closed":
+        comm.set_timeout(timedelta(seconds=OP_TIMEOUT_S))
+        if me == victim:
+            if position == "during":
+                time.sleep(0.3)
+            closed = _shut_down_sockets(ctx, comm)
+            assert closed, "the victim had no connection to close"
+        elif position == "before":
+            time.sleep(0.5)
+        seen["op"] = run()
     elif fault == "mismatch":
         seen["op"] = run(N + 1 if me == victim else N)
     elif fault == "skipped":

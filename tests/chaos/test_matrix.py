@@ -1,6 +1,8 @@
 """The long fault matrix (``-m chaos``): faults x ops x placements x worlds x positions.
 
-Faults: SIGKILL and SIGSTOP of the last rank, a mismatched size, a skipped op.  Ops:
+Faults: SIGKILL and SIGSTOP of the last rank, its TCP connections shut down while it
+lives (tcp and hierarchical), a slow last rank (late by half the timeout: must succeed),
+a mismatched size, a skipped op.  Ops:
 all_reduce, broadcast, all_gather, reduce_scatter, all_to_all, send/recv (a ring) and
 barrier.  Placements: one host over shm, one host over tcp, two ranks per simulated
 host (hierarchical).  Worlds 2-4.  Positions: the fault before the op or while the
@@ -34,17 +36,22 @@ DEAD_BOUND_S = 3.0
 
 def _cases() -> list[tuple[str, str, str, int, str]]:
     cases = []
-    for fault in ("kill", "stop", "mismatch", "skipped"):
+    for fault in ("kill", "stop", "closed", "slow", "mismatch", "skipped"):
         for op in OPS:
+            if fault == "closed" and op == "barrier":
+                continue  # the same exchange as a small all_reduce
             if fault == "mismatch" and op in ("send_recv", "barrier"):
                 continue  # p2p sizes are not fingerprinted; a barrier has no size
             if fault == "skipped" and op == "send_recv":
                 continue  # a skipped point-to-point op is a timeout, covered by "stop"
             for placement in matrix.PLACEMENTS:
+                if fault == "closed" and placement == "shm":
+                    continue  # shm moves no byte through a socket
                 for world in (2, 3, 4):
                     if placement == "hier" and world == 2:
                         continue  # two ranks on one simulated host: that is shm
-                    positions = ("before", "during") if fault in ("kill", "stop") else ("before",)
+                    timed = fault in ("kill", "stop", "closed")
+                    positions = ("before", "during") if timed else ("before",)
                     for position in positions:
                         cases.append((fault, op, placement, world, position))
     return cases
@@ -70,8 +77,14 @@ def test_matrix(
         assert set(info.value.died) == {victim}, str(info.value)
         assert not info.value.timed_out, str(info.value)
     else:
-        run_ranks(matrix.trial, world, *args, timeout=120, fresh=fault == "stop")
-    ranks = [r for r in range(world) if r != victim] if fault in ("kill", "stop") else range(world)
+        # Stopped or cut-off victims leave their worker unusable: fresh processes.
+        run_ranks(matrix.trial, world, *args, timeout=120, fresh=fault in ("stop", "closed"))
+    survivors_only = fault in ("kill", "stop", "closed")
+    ranks = [r for r in range(world) if r != victim] if survivors_only else range(world)
+    if fault == "closed":
+        # The victim may even finish (its peers' bytes had arrived): never with wrong data.
+        mine = json.loads((tmp_path / f"rank{victim}.json").read_text())["op"]
+        assert not mine.get("wrong"), (op, placement, mine)
     for rank in ranks:
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
         got = seen["op"]
@@ -84,6 +97,12 @@ def test_matrix(
             assert f"peer rank {victim} died" in got["text"], where
             assert _names_only(got["text"], victim, world), where
             assert got["s"] < DEAD_BOUND_S, where
+        elif fault == "slow":
+            assert got["type"] is None, where  # late is not failed
+        elif fault == "closed":
+            assert got["type"] in ("PeerFailureError", "CommTimeoutError"), where
+            assert _names_only(got["text"], victim, world), where
+            assert got["s"] < matrix.OP_TIMEOUT_S + 2.0, where
         elif fault == "stop":
             assert got["type"] == "CommTimeoutError", where
             assert _names_only(got["text"], victim, world), where

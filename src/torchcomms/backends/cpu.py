@@ -205,7 +205,7 @@ class TorchCommGloo(CommBackend):
         if ops is not None:
             # shm peers see this rank's failed state (and who died) and stop waiting for it
             missing = error.ranks if isinstance(error, CommTimeoutError) else ()
-            ops.fail(error.dead_ranks, missing)
+            ops.fail(error.dead_ranks, missing, error.ranks)
 
     # -- abort -----------------------------------------------------------------------------------
     def is_abort_supported(self) -> bool:

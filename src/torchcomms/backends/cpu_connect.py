@@ -74,14 +74,21 @@ def wait_keys(
         if verdict is not None:
             check_verdict(store, verdict, prefix, what)
         if deadline.passed():
-            error = CommTimeoutError(
-                f"{prefix}timed out after {deadline.timeout.total_seconds():g} s in {what}: "
-                f"{ranks_text(waited)} never arrived"
-            )
-            error.ranks = tuple(waited)
-            raise error
+            raise timed_out(prefix, deadline, what, waited, "never arrived")
         time.sleep(min(pause, max(deadline.left_s(), 0.0)))
         pause = min(pause * 2, _POLL_MAX_S)
+
+
+def timed_out(
+    prefix: str, deadline: Deadline, what: str, ranks: Sequence[int], verb: str
+) -> CommTimeoutError:
+    """The connect-time timeout: ``… timed out after T s in WHAT: peer rank 2 VERB``."""
+    error = CommTimeoutError(
+        f"{prefix}timed out after {deadline.timeout.total_seconds():g} s in {what}: "
+        f"{ranks_text(ranks)} {verb}"
+    )
+    error.ranks = tuple(ranks)
+    return error
 
 
 def guarded(

@@ -97,6 +97,7 @@ class GlooOps(CpuOps):
         self.check = check  # exchange headers on every collective (TORCHCOMM_MISMATCH_CHECK)
         self.seq = 0  # collectives entered
         self.waiter = GlooWaiter(rank, self.dead_peers, liveness, lambda: self.seq)
+        self.waiter.lane = lane
         self._send_seq: dict[int, int] = defaultdict(int)
         self._recv_seq: dict[int, int] = defaultdict(int)
         self._pg_timeout = pg_timeout
@@ -106,9 +107,13 @@ class GlooOps(CpuOps):
     def describe(self) -> str:
         return f"tcp ({self.device_desc})"
 
-    def fail(self, dead: Sequence[int] = (), missing: Sequence[int] = ()) -> None:
+    def fail(
+        self, dead: Sequence[int] = (), missing: Sequence[int] = (), blamed: Sequence[int] = ()
+    ) -> None:
         """Tell the ranks that receive from this one, through the lane, whom it blames."""
-        kind, ranks = ("dead", dead) if dead else ("timeout", missing)
+        kind, ranks = (
+            ("dead", dead) if dead else ("timeout", missing) if missing else ("peer", blamed)
+        )
         self.lane.goodbye(f"FAILED {kind if ranks else 'failed'} {','.join(map(str, ranks))}")
 
     def abort(self) -> None:
@@ -475,5 +480,9 @@ class GlooOps(CpuOps):
             tag = 2 * (seqs[op.peer] % _TAG_SPAN)
             seqs[op.peer] += 1
         pg = self.pg
-        work = pg.send([staged], op.peer, tag) if sending else pg.recv([staged], op.peer, tag)
+        try:
+            work = pg.send([staged], op.peer, tag) if sending else pg.recv([staged], op.peer, tag)
+        except RuntimeError as exc:  # e.g. the pair's connection is already broken
+            self.waiter.troubled = True
+            raise self.waiter.p2p_error(exc, "send" if sending else "recv", op.peer) from exc
         return work, op, staged

@@ -208,9 +208,11 @@ class HierOps(CpuOps):
             f"{self.small_max} B{', sharded above' if t.even else ' (uneven hosts)'}"
         )
 
-    def fail(self, dead: Sequence[int] = (), missing: Sequence[int] = ()) -> None:
+    def fail(
+        self, dead: Sequence[int] = (), missing: Sequence[int] = (), blamed: Sequence[int] = ()
+    ) -> None:
         """Tell my host's peers (shm) and the lane's (tcp) this rank failed, and why."""
-        self.flat.fail(dead, missing)
+        self.flat.fail(dead, missing, blamed)
         if self.local is not None:
             self.local.chan.set_state(STATE_FAILED)
 

@@ -108,8 +108,11 @@ class Liveness:
             ring.close()
 
     def mark_dead(self, ranks: Sequence[int]) -> list[int]:
-        """Add ``ranks`` to ``dead``; return those that are news (watcher thread)."""
-        news = sorted(set(ranks) - set(self.dead) - {self.rank})
+        """Add ``ranks`` to ``dead``; return those that are news (watcher thread).
+
+        A rank on this host whose process is alive is never dead, whoever says so (a peer
+        whose connections were cut believes everyone it lost is gone)."""
+        news = sorted(r for r in set(ranks) - set(self.dead) if not self.known_alive([r]))
         if news:
             self.dead = tuple(sorted(set(self.dead) | set(news)))
             logger.warning(
@@ -118,6 +121,14 @@ class Liveness:
                 extra={"rank": self.rank, "dead": news},
             )
         return news
+
+    def known_alive(self, ranks: Sequence[int]) -> bool:
+        """Whether one of ``ranks`` is this rank or a member on this host whose process is
+        alive: what this rank can refute of a claim that they are dead."""
+        pids = self._pids
+        return any(
+            r == self.rank or (r in pids and shm_segment.process_alive(pids[r])) for r in ranks
+        )
 
     def check_pids(self) -> tuple[int, ...]:
         """Refresh and return ``dead`` from the local peers' pids."""
@@ -251,7 +262,13 @@ class _Ring:
             if word == "HI":
                 state.peer = int(arg)
             elif word == "DEAD":
-                self._learned([int(x) for x in arg.split(",") if x])
+                claimed = [int(x) for x in arg.split(",") if x]
+                if self.owner.known_alive(claimed):
+                    # A peer whose own connections were cut believes everyone it lost is
+                    # gone: a claim this rank can refute discredits the whole message.
+                    logger.debug("liveness: ignoring DEAD %s from a confused peer", arg)
+                else:
+                    self._learned(claimed)
             elif word == "BYE":
                 state.peer = None  # an orderly close: not a death
                 self._drop(sock)

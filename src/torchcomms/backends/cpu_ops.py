@@ -46,9 +46,12 @@ class CpuOps(abc.ABC):
 
     # -- lifecycle -----------------------------------------------------------------------
     @abc.abstractmethod
-    def fail(self, dead: Sequence[int] = (), missing: Sequence[int] = ()) -> None:
-        """Tell the peers this rank failed (because ``dead`` died, or it timed out waiting
-        for ``missing``, if known), so none of them waits for it any longer."""
+    def fail(
+        self, dead: Sequence[int] = (), missing: Sequence[int] = (), blamed: Sequence[int] = ()
+    ) -> None:
+        """Tell the peers this rank failed (because ``dead`` died, it timed out waiting for
+        ``missing``, or ``blamed`` failed it otherwise, if known), so none of them waits for
+        it any longer."""
 
     @abc.abstractmethod
     def close(self, failed: bool) -> None:

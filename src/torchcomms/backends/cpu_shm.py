@@ -157,7 +157,9 @@ class ShmOps(CpuOps):
             f"{self.chan.layout.slot_bytes >> 10} KiB slots, waits {wait})"
         )
 
-    def fail(self, dead: Sequence[int] = (), missing: Sequence[int] = ()) -> None:
+    def fail(
+        self, dead: Sequence[int] = (), missing: Sequence[int] = (), blamed: Sequence[int] = ()
+    ) -> None:
         if dead or not missing:
             self.chan.set_state(STATE_FAILED, dead)
         else:

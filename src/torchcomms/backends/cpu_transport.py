@@ -24,9 +24,8 @@ from torchcomms.backends.cpu_liveness import Liveness
 from torchcomms.backends.cpu_ops import CpuOps
 from torchcomms.backends.gloo_waits import GLOO_MARGIN
 from torchcomms.deadline import Deadline
-from torchcomms.errors import CommError, CommTimeoutError
+from torchcomms.errors import CommError
 from torchcomms.transport import gloo, tcp_lane
-from torchcomms.transport.shm_channel import ranks_text
 from torchcomms.types import CommOptions
 
 
@@ -138,12 +137,7 @@ def connect_lane(
         cpu_connect.check_dead(local, missing, prefix, what)
         cpu_connect.check_verdict(store, verdict, prefix, what)
         if deadline.passed():
-            error = CommTimeoutError(
-                f"{prefix}timed out after {deadline.timeout.total_seconds():g} s in {what}: "
-                f"{ranks_text(missing)} never connected"
-            )
-            error.ranks = tuple(missing)
-            raise error
+            raise cpu_connect.timed_out(prefix, deadline, what, missing, "never connected")
 
     try:
         return tcp_lane.connect(listener, token, rank, size, address_of, deadline.end, between)

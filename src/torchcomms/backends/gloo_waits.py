@@ -28,7 +28,7 @@ from torchcomms.backends.cpu_liveness import Liveness
 from torchcomms.deadline import Deadline
 from torchcomms.transport.fault import WaitError
 from torchcomms.transport.shm_channel import ranks_text
-from torchcomms.transport.tcp_lane import LanePeerGone
+from torchcomms.transport.tcp_lane import Lane, LanePeerGone
 
 #: One wait slice: how soon a waiting op sees a dead peer, an abort or its deadline.
 SLICE = timedelta(milliseconds=50)
@@ -58,6 +58,9 @@ class GlooWaiter:
         self._seq = seq
         self.aborted = False
         self.troubled = False
+        #: The communicator's lane: a gloo wait also listens there for a peer's goodbye
+        #: (a peer that failed says whom it blames, so this rank need not time out).
+        self.lane: Lane | None = None
         self._pool: ThreadPoolExecutor | None = None
 
     def close(self) -> None:
@@ -87,7 +90,7 @@ class GlooWaiter:
                     self.troubled = False
                     return
             try:
-                self._between_slices(deadline, what, peers)
+                self._between_slices(deadline, what, peers, lane_news=True)
             except WaitError:
                 self.troubled = True  # the call still runs inside gloo
                 raise
@@ -112,14 +115,14 @@ class GlooWaiter:
         pool.submit(run)
         while not done.wait(_SLICE_S):
             try:
-                self._between_slices(deadline, what, [peer])
+                self._between_slices(deadline, what, [peer], lane_news=True)
             except WaitError:
                 self.troubled = True  # the helper still waits inside gloo
                 raise
         if failure:
             self.troubled = True
             exc = failure[0]
-            raise self._explained(exc, what) if isinstance(exc, RuntimeError) else exc
+            raise self.p2p_error(exc, what, peer)
 
     def check(self, deadline: Deadline, what: str) -> None:
         """Between two wait slices of a collective: abort, dead peers, the deadline."""
@@ -137,11 +140,14 @@ class GlooWaiter:
         if said is not None:
             kind, _, listed = said.partition(" ")[2].partition(" ")
             ranks = [int(r) for r in listed.split(",") if r.strip().isdigit()]
-            if kind == "dead" and ranks:
+            lv = self.liveness
+            if kind == "dead" and ranks and not (lv is not None and lv.known_alive(ranks)):
+                return _died(ranks, what, "(reported by the peer it waited for)")
+            if kind == "peer" and ranks:
                 return WaitError(
-                    "dead",
+                    "peer_failed",
                     ranks,
-                    f"{ranks_text(ranks)} died (process gone) while this rank waited in {what} "
+                    f"{ranks_text(ranks)} failed while this rank waited in {what} "
                     "(reported by the peer it waited for)",
                 )
             if kind == "timeout" and ranks:
@@ -153,27 +159,15 @@ class GlooWaiter:
                 )
             dead = self._dead_peers()
             if dead:  # the likely reason it failed
-                return WaitError(
-                    "dead",
-                    dead,
-                    f"{ranks_text(dead)} died (process gone) while this rank waited in {what}",
-                )
+                return _died(dead, what)
             verb = "aborted its communicator" if kind == "aborted" else "failed"
             return WaitError("peer_failed", [peer], f"peer rank {peer} {verb} (in {what})")
-        give_up = time.monotonic() + ATTRIBUTION_S
-        while True:
-            dead = self._dead_peers()
-            if dead:
-                return WaitError(
-                    "dead",
-                    dead,
-                    f"{ranks_text(dead)} died (process gone) while this rank waited in {what}",
-                )
-            lv = self.liveness
-            remote = lv is not None and peer in lv.elsewhere()
-            if remote or time.monotonic() >= give_up:
-                break
-            time.sleep(0.01)
+        lv = self.liveness
+        remote = lv is not None and peer in lv.elsewhere()
+        # A local peer's death shows in its pid within moments; a remote one's never does.
+        dead = self._dead_soon(0.0 if remote else ATTRIBUTION_S)
+        if dead:
+            return _died(dead, what)
         if remote:
             return WaitError(
                 "dead",
@@ -187,36 +181,58 @@ class GlooWaiter:
             f"peer rank {peer} closed its connection while this rank waited in {what}",
         )
 
+    def p2p_error(self, exc: BaseException, what: str, peer: int) -> BaseException:
+        """What a failed send/recv with ``peer`` raises: a local death if one explains it,
+        else a broken connection blames ``peer`` (the one rank this call talks to)."""
+        if not isinstance(exc, RuntimeError):
+            return exc
+        explained = self._explained(exc, what)
+        if explained is exc and _broken(str(exc)):
+            return WaitError(
+                "peer_failed",
+                [peer],
+                f"the connection to peer rank {peer} broke in {what} ({str(exc).strip()})",
+            )
+        return explained
+
     def _explained(self, exc: RuntimeError, what: str) -> RuntimeError:
         """A gloo error names no peer: a broken connection is usually a peer that is
         dying right now, so give its pid a moment to show it (the failure path only)."""
         text = str(exc).strip()
-        if "closed" not in text.lower() and "reset" not in text.lower():
+        if not _broken(text):
             return exc
-        give_up = time.monotonic() + ATTRIBUTION_S
+        dead = self._dead_soon(ATTRIBUTION_S)
+        if not dead:
+            return exc
+        return _died(dead, what, f"({text})")
+
+    def _dead_soon(self, within_s: float) -> list[int]:
+        """The dead local peers, polled for up to ``within_s`` until one shows."""
+        give_up = time.monotonic() + within_s
         while True:
             dead = self._dead_peers()
-            if dead:
-                return WaitError(
-                    "dead",
-                    dead,
-                    f"{ranks_text(dead)} died (process gone) while this rank waited in {what} "
-                    f"({text})",
-                )
-            if time.monotonic() >= give_up:
-                return exc
+            if dead or time.monotonic() >= give_up:
+                return dead
             time.sleep(0.01)
 
-    def _between_slices(self, deadline: Deadline, what: str, peers: Sequence[int] | None) -> None:
+    def _between_slices(
+        self,
+        deadline: Deadline,
+        what: str,
+        peers: Sequence[int] | None,
+        lane_news: bool = False,
+    ) -> None:
         if self.aborted:
             raise WaitError("aborted", [], f"{what}: the communicator was aborted")
         dead = self._dead_peers()
         if dead:
-            raise WaitError(
-                "dead",
-                dead,
-                f"{ranks_text(dead)} died (process gone) while this rank waited in {what}",
-            )
+            raise _died(dead, what)
+        if lane_news and self.lane is not None:
+            gone = self.lane.news()
+            # A finalize is news only to a collective (every member takes part) or to a
+            # send/recv with that very peer; other peers may well be done.
+            if gone is not None and (gone.said != "BYE" or peers is None or gone.peer in peers):
+                raise self.gone(gone, what)
         if time.monotonic() >= deadline.end:
             raise self._timed_out(what, peers)
 
@@ -249,3 +265,14 @@ class GlooWaiter:
         return WaitError(
             "timeout", [], f"in {what}: every rank entered it, but the transport made no progress"
         )
+
+
+def _died(dead: Sequence[int], what: str, detail: str = "") -> WaitError:
+    text = f"{ranks_text(dead)} died (process gone) while this rank waited in {what}"
+    return WaitError("dead", dead, f"{text} {detail}" if detail else text)
+
+
+def _broken(text: str) -> bool:
+    """Whether a gloo error says a connection broke (closed or reset by the peer)."""
+    lowered = text.lower()
+    return "closed" in lowered or "reset" in lowered

@@ -228,6 +228,18 @@ class Lane:
             inbox.consume()
             have += count
 
+    def news(self) -> LanePeerGone | None:
+        """A goodbye (or a lost connection) waiting at the head of a connection, read
+        without blocking; data frames stay where they are.  For waits outside the lane."""
+        for rd in self._rounds:
+            inbox = rd.inbox
+            inbox.fill()
+            try:
+                inbox.frame(rd.recv_from)
+            except LanePeerGone as gone:
+                return gone
+        return None
+
     def goodbye(self, text: str) -> None:
         """Tell every rank that receives from this one why it will not hear from it again."""
         if self._said_goodbye:
