@@ -31,7 +31,16 @@ SIZES = (8, 4096, 1 << 20)
 TRANSPORTS = ("shm", "tcp")
 
 
-def _worker(rank: int, size: int, path: str, blocks: int, iters: int, q: object) -> None:
+def _worker(
+    rank: int,
+    size: int,
+    path: str,
+    blocks: int,
+    iters: int,
+    transports: tuple[str, ...],
+    sizes: tuple[int, ...],
+    q: object,
+) -> None:
     os.environ.update(TORCHCOMM_RANK=str(rank), TORCHCOMM_SIZE=str(size))
     torch.set_num_threads(1)
     import torchcomms
@@ -40,7 +49,7 @@ def _worker(rank: int, size: int, path: str, blocks: int, iters: int, q: object)
     store = dist.FileStore(path, size)
     timeout = datetime.timedelta(seconds=120)
     comms = {}
-    for transport in TRANSPORTS:
+    for transport in transports:
         for state in ("on", "off"):
             os.environ["TORCHCOMM_MISMATCH_CHECK"] = "1" if state == "on" else "0"
             os.environ["TORCHCOMM_LIVENESS_PERIOD_MS"] = "50" if state == "on" else "3600000"
@@ -57,7 +66,7 @@ def _worker(rank: int, size: int, path: str, blocks: int, iters: int, q: object)
     times: dict[str, list[float]] = {}
     names = list(comms)
     for block in range(blocks):
-        for nbytes in SIZES:
+        for nbytes in sizes:
             t = torch.ones(nbytes // 4, dtype=torch.float32)
             shift = block % len(names)
             for name in names[shift:] + names[:shift]:
@@ -87,13 +96,20 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--blocks", type=int, default=10)
     ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--transports", default=",".join(TRANSPORTS))
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="bytes, comma-separated")
     ap.add_argument("--json")
     args = ap.parse_args()
+    transports = tuple(args.transports.split(","))
+    sizes = tuple(int(x) for x in args.sizes.split(","))
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     path = tempfile.mktemp(prefix="check_overhead_")
     procs = [
-        ctx.Process(target=_worker, args=(r, args.nproc, path, args.blocks, args.iters, q))
+        ctx.Process(
+            target=_worker,
+            args=(r, args.nproc, path, args.blocks, args.iters, transports, sizes, q),
+        )
         for r in range(args.nproc)
     ]
     for p in procs:
@@ -102,8 +118,8 @@ def main() -> None:
     for p in procs:
         p.join()
     rows = {}
-    for transport in TRANSPORTS:
-        for nbytes in SIZES:
+    for transport in transports:
+        for nbytes in sizes:
             on_blocks = times[f"{transport}-on/{nbytes}"]
             off_blocks = times[f"{transport}-off/{nbytes}"]
             on = statistics.median(on_blocks)
@@ -125,7 +141,9 @@ def main() -> None:
     if args.json:
         write_doc(
             args.json,
-            f"python benchmarks/diagnostics/check_overhead.py --nproc {args.nproc} --blocks {args.blocks} --iters {args.iters}",
+            f"python benchmarks/diagnostics/check_overhead.py --nproc {args.nproc} "
+            f"--blocks {args.blocks} --iters {args.iters} --transports {args.transports} "
+            f"--sizes {args.sizes}",
             rows,
         )
 

@@ -5,8 +5,9 @@
 * flat gloo (``cpu_gloo``) otherwise, or when ``transport=tcp`` is asked for.
 
 Locality comes from the members' host identities (exchanged first, ``cpu_connect``), never
-from being able to open a segment.  The tcp and hierarchical paths get a liveness watcher
-(``cpu_liveness``).  Runs on the thread that creates the communicator.
+from being able to open a segment.  The tcp and hierarchical paths connect, in this order,
+a lane (``transport.tcp_lane``: headers and small collectives), gloo's process group and a
+liveness watcher (``cpu_liveness``).  Runs on the thread that creates the communicator.
 """
 
 from __future__ import annotations
