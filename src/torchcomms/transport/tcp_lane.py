@@ -322,9 +322,10 @@ def connect(
             sock.sendall(f"HI {theirs} {rank} {k}\n".encode())
             sock.setblocking(False)
         listener.setblocking(False)
+        waiting = select.poll()  # poll, not select: a long-lived process may hold fds > 1024
+        waiting.register(listener, _IN)
         while any(s is None for s in send_socks):
-            ready, _, _ = select.select([listener], [], [], SLICE_MS / 1000)
-            if not ready:
+            if not waiting.poll(SLICE_MS):
                 between([plan[k][0] for k, s in enumerate(send_socks) if s is None])
                 continue
             try:
