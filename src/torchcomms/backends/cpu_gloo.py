@@ -96,8 +96,7 @@ class GlooOps(CpuOps):
         self.liveness = liveness
         self.check = check  # exchange headers on every collective (TORCHCOMM_MISMATCH_CHECK)
         self.seq = 0  # collectives entered
-        self.waiter = GlooWaiter(rank, self.dead_peers, liveness, lambda: self.seq)
-        self.waiter.lane = lane
+        self.waiter = GlooWaiter(rank, self.dead_peers, liveness, lambda: self.seq, lane)
         self._send_seq: dict[int, int] = defaultdict(int)
         self._recv_seq: dict[int, int] = defaultdict(int)
         self._pg_timeout = pg_timeout

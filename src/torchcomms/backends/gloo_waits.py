@@ -51,6 +51,7 @@ class GlooWaiter:
         dead_peers: Callable[[], list[int]],
         liveness: Liveness | None,
         seq: Callable[[], int],
+        lane: Lane | None = None,
     ) -> None:
         self.rank = rank
         self.liveness = liveness
@@ -60,7 +61,7 @@ class GlooWaiter:
         self.troubled = False
         #: The communicator's lane: a gloo wait also listens there for a peer's goodbye
         #: (a peer that failed says whom it blames, so this rank need not time out).
-        self.lane: Lane | None = None
+        self.lane = lane
         self._pool: ThreadPoolExecutor | None = None
 
     def close(self) -> None:
