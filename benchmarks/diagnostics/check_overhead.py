@@ -1,16 +1,23 @@
 """What the failure machinery costs: the same build with it on and off, in one run.
 
-For each transport (shm, tcp) two communicators over the same ranks: ``on`` (the
-defaults) and ``off`` (``TORCHCOMM_MISMATCH_CHECK=0``, and on tcp a liveness period of an
-hour, so the watcher never runs), plus raw ProcessGroupGloo.  Every block times
-``--iters`` back-to-back sync all_reduces per (variant, size), the variants in a rotated
-order per block; the figure per variant is the median over blocks of the mean per call.
+For each transport (shm, tcp), calls interleaved one by one in a rotated order (so
+every variant sees the same moment of the machine), on communicators over the same ranks:
+
+* ``on``: the defaults;
+* ``off``: a second communicator with ``TORCHCOMM_MISMATCH_CHECK=0`` and, on tcp, a
+  liveness period of an hour (its watcher never runs);
+* ``off2``: a third like ``off``, the A/A control: what two identical communicators
+  differ by here (segment placement, connection order), the noise floor of ``cost``;
+* ``same``: the ``on`` communicator with its mismatch check switched off for the call:
+  the check alone, free of any difference between communicators (liveness stays on);
+* raw ProcessGroupGloo.
 
     python benchmarks/diagnostics/check_overhead.py [--nproc 2] [--blocks 10] [--iters 200]
-        [--json out.json]
+        [--transports shm,tcp] [--sizes 8,4096,1048576] [--json out.json]
 
-Prints per (transport, size): on, off, the cost (the median over blocks of on - off in
-the same block, microseconds and percent of off), and gloo.
+Prints per (transport, size) the median over blocks of the mean per call: on, off,
+``cost`` (on - off, paired per block), ``control`` (off2 - off), ``check`` (on - same)
+and gloo.  Reaches into the backend to switch the check (``_check_switch``).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import os
 import statistics
 import tempfile
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,6 +37,14 @@ from _doc import write_doc
 
 SIZES = (8, 4096, 1 << 20)
 TRANSPORTS = ("shm", "tcp")
+STATES = ("on", "off", "off2")  # one communicator each; "same" reuses "on"
+VARIANTS = (*STATES, "same")
+
+
+def _check_switch(comm: Any) -> Any:
+    """The object whose ``check`` attribute turns the mismatch check of ``comm`` on/off."""
+    ops = comm._backend._ops
+    return getattr(ops, "coll", ops)  # shm: its ShmCollectives; tcp: the GlooOps
 
 
 def _worker(
@@ -50,7 +66,7 @@ def _worker(
     timeout = datetime.timedelta(seconds=120)
     comms = {}
     for transport in transports:
-        for state in ("on", "off"):
+        for state in STATES:
             os.environ["TORCHCOMM_MISMATCH_CHECK"] = "1" if state == "on" else "0"
             os.environ["TORCHCOMM_LIVENESS_PERIOD_MS"] = "50" if state == "on" else "3600000"
             comms[f"{transport}-{state}"] = torchcomms.new_comm(
@@ -64,20 +80,28 @@ def _worker(
     _, device = gloo.choose_device({}, ["h"] * size, "h", None)
     pg = gloo.new_process_group(dist.PrefixStore("raw", store), rank, size, timeout, device)
     times: dict[str, list[float]] = {}
-    names = list(comms)
-    for block in range(blocks):
+    for _block in range(blocks):
         for nbytes in sizes:
             t = torch.ones(nbytes // 4, dtype=torch.float32)
-            shift = block % len(names)
-            for name in names[shift:] + names[:shift]:
-                comm = comms[name]
-                comm.barrier(False)
-                start = time.perf_counter()
-                for _ in range(iters):
-                    comm.all_reduce(t, torchcomms.ReduceOp.SUM, False)
-                times.setdefault(f"{name}/{nbytes}", []).append(
-                    (time.perf_counter() - start) / iters * 1e6
-                )
+            for transport in transports:
+                on = comms[f"{transport}-on"]
+                switch = _check_switch(on)
+                runs = [(v, comms[f"{transport}-{v if v != 'same' else 'on'}"]) for v in VARIANTS]
+                spent = dict.fromkeys(VARIANTS, 0.0)
+                for state in STATES:
+                    comms[f"{transport}-{state}"].barrier(False)
+                for i in range(iters):  # call by call, in a rotated order: paired finely
+                    shift = i % len(runs)
+                    for variant, comm in runs[shift:] + runs[:shift]:
+                        switch.check = variant != "same"
+                        start = time.perf_counter()
+                        comm.all_reduce(t, torchcomms.ReduceOp.SUM, False)
+                        spent[variant] += time.perf_counter() - start
+                switch.check = True
+                for variant in VARIANTS:
+                    times.setdefault(f"{transport}-{variant}/{nbytes}", []).append(
+                        spent[variant] / iters * 1e6
+                    )
             pg.barrier().wait()
             start = time.perf_counter()
             for _ in range(iters):
@@ -89,6 +113,11 @@ def _worker(
         comm.finalize()
     if rank == 0:
         q.put(times)  # type: ignore[attr-defined]
+
+
+def _paired(a: list[float], b: list[float]) -> float:
+    """The median over blocks of ``a - b`` in the same block."""
+    return statistics.median(x - y for x, y in zip(a, b, strict=True))
 
 
 def main() -> None:
@@ -120,23 +149,28 @@ def main() -> None:
     rows = {}
     for transport in transports:
         for nbytes in sizes:
-            on_blocks = times[f"{transport}-on/{nbytes}"]
-            off_blocks = times[f"{transport}-off/{nbytes}"]
-            on = statistics.median(on_blocks)
-            off = statistics.median(off_blocks)
-            # Paired per block (the same minute of the machine): the robust figure.
-            paired = statistics.median(a - b for a, b in zip(on_blocks, off_blocks, strict=True))
+            blocks = {v: times[f"{transport}-{v}/{nbytes}"] for v in VARIANTS}
+            on = statistics.median(blocks["on"])
+            off = statistics.median(blocks["off"])
+            cost = _paired(blocks["on"], blocks["off"])
+            floor = _paired(blocks["off2"], blocks["off"])
+            check = _paired(blocks["on"], blocks["same"])
             gloo_p50 = statistics.median(times[f"gloo/{nbytes}"])
             rows[f"{transport}/{nbytes}"] = {
                 "on_us": round(on, 2),
                 "off_us": round(off, 2),
-                "cost_us": round(paired, 2),
-                "cost_pct": round(100 * paired / off, 1),
+                "cost_us": round(cost, 2),
+                "cost_pct": round(100 * cost / off, 1),
+                "control_us": round(floor, 2),
+                "control_pct": round(100 * floor / off, 1),
+                "check_us": round(check, 2),
+                "check_pct": round(100 * check / off, 1),
                 "gloo_us": round(gloo_p50, 2),
             }
             print(
-                f"{transport:4s} {nbytes:>8d} B  on {on:9.2f} us  off {off:9.2f} us  "
-                f"cost {paired:+8.2f} us ({100 * paired / off:+5.1f} %)  gloo {gloo_p50:9.2f} us"
+                f"{transport:4s} {nbytes:>8d} B  on {on:9.2f}  off {off:9.2f}  "
+                f"cost {cost:+8.2f} ({100 * cost / off:+5.1f} %)  control {floor:+8.2f}  "
+                f"check {check:+8.2f} ({100 * check / off:+5.1f} %)  gloo {gloo_p50:9.2f}  (us)"
             )
     if args.json:
         write_doc(

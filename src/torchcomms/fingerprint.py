@@ -65,6 +65,10 @@ _MASK32 = 0xFFFFFFFF
 #: and is what the fast path compares; the other two say what differs when it does not.
 Fingerprint = tuple[int, int, int]
 
+#: Digests are 62-bit and non-negative, so ``digest + seq`` (``checked_word``) fits an
+#: int64 for any sequence number below 2**62.
+DIGEST_MASK = (1 << 62) - 1
+
 
 def make(
     op: int,
@@ -80,8 +84,28 @@ def make(
     if sizes:
         count = hash(tuple(sizes)) & ((1 << 62) - 1)
     desc = op | dcode << 8 | rcode << 16 | (root & _MASK32) << 24
-    digest = hash((desc, count))
-    return digest, desc, count
+    return digest_of(desc, count), desc, count
+
+
+def digest_of(desc: int, count: int) -> int:
+    """The digest of a descriptor and count (``make``'s first word)."""
+    return hash((desc, count)) & DIGEST_MASK
+
+
+def checked_word(fp: Fingerprint, seq: int) -> int:
+    """One int64 that differs whenever the digest or the sequence number does.
+
+    ``digest + seq``: ranks one op apart differ by one; different digests collide only
+    when they differ by exactly the gap in sequence numbers (a 62-bit hash: never in
+    practice).  The shm path compares this one word per peer on its hot path.
+    """
+    return fp[0] + seq
+
+
+def unpack_word(word: int, desc: int, count: int) -> tuple[Fingerprint, int]:
+    """``(fingerprint, seq)`` back from a ``checked_word`` and its descriptor and count."""
+    digest = digest_of(desc, count)
+    return (digest, desc, count), word - digest
 
 
 def fields(fp: Fingerprint, seq: int) -> dict[str, object]:

@@ -150,13 +150,11 @@ class ShmCollectives:
             slots[p].copy_(flat)
         check = self.check
         if check:
-            meta = chan.my_meta[p]
-            seq = chan.op_seq
-            digest = fp[0]
-            flags[meta + 4] = seq
-            flags[meta + 2] = fp[1]
-            flags[meta + 3] = fp[2]
-            flags[meta] = digest
+            want = fp[0] + chan.op_seq  # fingerprint.checked_word, inlined
+            if chan.meta_fp[p] is fp:
+                flags[chan.my_meta[p]] = want
+            else:
+                chan.write_fingerprint(p, fp)
         flags[chan.pub_index] = k
         chan.ring()
         for i in chan.all_pub:
@@ -164,8 +162,8 @@ class ShmCollectives:
                 chan.wait_all(k, deadline)
                 break
         if check:
-            for i in chan.all_meta[p]:
-                if flags[i] != digest or flags[i + 4] != seq:
+            for i in chan.peer_meta[p]:
+                if flags[i] != want:
                     chan.check_fingerprints(k, fp, "all_reduce")
                     break
         if plain_sum:

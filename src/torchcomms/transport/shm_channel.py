@@ -62,7 +62,7 @@ import torch
 
 from torchcomms import config
 from torchcomms.deadline import Deadline
-from torchcomms.fingerprint import Fingerprint
+from torchcomms.fingerprint import Fingerprint, checked_word, unpack_word
 from torchcomms.fingerprint import mismatch as fingerprint_mismatch
 from torchcomms.transport import futex, shm_segment
 from torchcomms.transport.fault import WaitError
@@ -211,6 +211,10 @@ class ShmChannel:
             for r in self._peers
         ]
         self.all_meta = [[layout.rank_flag(r, META0 + p) for r in range(self.size)] for p in (0, 1)]
+        self.peer_meta = [[layout.rank_flag(r, META0 + p) for r in self._peers] for p in (0, 1)]
+        #: The fingerprint whose descriptor and count this rank's meta line of each parity
+        #: holds (``write_fingerprint`` rewrites them only when they change).
+        self.meta_fp: list[Fingerprint | None] = [None, None]
 
     # -- views -----------------------------------------------------------------------------
     def typed(self, dtype: torch.dtype) -> torch.Tensor:
@@ -293,21 +297,24 @@ class ShmChannel:
         words as they were.
         """
         flags = self.flags
-        meta = self.my_meta[k & 1]
         if count is not None:
-            flags[meta + 1] = count
+            flags[self.my_meta[k & 1] + 1] = count
         if fingerprint is not None:
-            self.write_fingerprint(meta, fingerprint)
+            self.write_fingerprint(k & 1, fingerprint)
         flags[self.pub_index] = k
         self.ring()
 
-    def write_fingerprint(self, meta: int, fingerprint: Fingerprint) -> None:
-        """Words 0, 2, 3 and 4 of a meta line: digest, descriptor, count, sequence number."""
+    def write_fingerprint(self, parity: int, fingerprint: Fingerprint) -> None:
+        """Words 0, 2 and 3 of this rank's meta line of ``parity``: the checked word
+        (digest + sequence number: all the fast checks compare), and the descriptor and
+        count (read only to say what differs; written only when they change)."""
         flags = self.flags
-        flags[meta + 4] = self.op_seq
-        flags[meta + 2] = fingerprint[1]
-        flags[meta + 3] = fingerprint[2]
-        flags[meta] = fingerprint[0]
+        meta = self.my_meta[parity]
+        if self.meta_fp[parity] is not fingerprint:
+            flags[meta + 2] = fingerprint[1]
+            flags[meta + 3] = fingerprint[2]
+            self.meta_fp[parity] = fingerprint
+        flags[meta] = checked_word(fingerprint, self.op_seq)
 
     def count_of(self, k: int, rank: int) -> int:
         """The ``count`` that ``rank`` published with round ``k`` (after waiting for it)."""
@@ -358,15 +365,15 @@ class ShmChannel:
     ) -> None:
         """After waiting for round ``k``: those ranks called the same op (sizes, root, seq)."""
         flags = self.flags
-        digest, seq = mine[0], self.op_seq
+        want = checked_word(mine, self.op_seq)
         metas = self.all_meta[k & 1]
         among = range(self.size) if ranks is None else ranks
         for r in among:
-            if flags[metas[r]] != digest or flags[metas[r] + 4] != seq:
+            if flags[metas[r]] != want:
                 break
         else:
             return
-        every = [((flags[m], flags[m + 2], flags[m + 3]), flags[m + 4]) for m in metas]
+        every = [unpack_word(flags[m], flags[m + 2], flags[m + 3]) for m in metas]
         found = fingerprint_mismatch(every)
         if found is None:  # only some ranks were waited for; name those that differ
             found = [r for r in among if every[r] != every[self.rank]], "different arguments"
