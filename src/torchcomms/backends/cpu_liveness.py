@@ -15,7 +15,9 @@ rank's ring neighbours, so the tcp and hierarchical paths keep their own facts:
   tells its neighbours (``DEAD r``; each forwards what is news to it, so the whole ring
   learns in a few hops) and, if it lost its successor, connects to the next live rank.
   A peer that is alive but silent (stopped, a cut link) is not declared dead: the op's
-  timeout names it.
+  timeout names it.  Nor is one whose listener still answers (``liveness_probe``): a
+  connection can end while its process lives, and a rank whose connections were all
+  cut would otherwise believe, and gossip, that everyone it lost is gone.
 * **Who entered which op**: the op thread bumps ``seq`` as it enters a collective (a
   plain int store, no lock); the watcher publishes it to the store when it changed
   (``lv/seq/{rank}``: one ``set`` per period at most, O(1) per rank).  On a timeout the
@@ -39,6 +41,7 @@ from collections.abc import Sequence
 
 import torch._C._distributed_c10d as c10d
 
+from torchcomms.backends.liveness_probe import probe
 from torchcomms.transport import shm_segment
 from torchcomms.transport.gloo import reachable_address
 
@@ -110,9 +113,14 @@ class Liveness:
     def mark_dead(self, ranks: Sequence[int]) -> list[int]:
         """Add ``ranks`` to ``dead``; return those that are news (watcher thread).
 
-        A rank on this host whose process is alive is never dead, whoever says so (a peer
-        whose connections were cut believes everyone it lost is gone)."""
-        news = sorted(r for r in set(ranks) - set(self.dead) if not self.known_alive([r]))
+        A rank on this host whose process is alive, or one on another host whose listener
+        answers, is never dead, whoever says so (a peer whose connections were cut
+        believes everyone it lost is gone)."""
+        news = sorted(
+            r
+            for r in set(ranks) - set(self.dead)
+            if not self.known_alive([r]) and not self.answers(r)
+        )
         if news:
             self.dead = tuple(sorted(set(self.dead) | set(news)))
             logger.warning(
@@ -129,6 +137,22 @@ class Liveness:
         return any(
             r == self.rank or (r in pids and shm_segment.process_alive(pids[r])) for r in ranks
         )
+
+    def answers(self, rank: int) -> bool:
+        """Whether ``rank``, on another host, is shown alive by its listener (failure path
+        only: a probe, bounded by about a second; False when it cannot tell)."""
+        if self._ring is None or rank in self._pids:
+            return False
+        found: list[bool | None] = []
+
+        def ask() -> None:
+            address = self._ring.address(rank) if self._ring is not None else None
+            found.append(None if address is None else probe(address))
+
+        asker = threading.Thread(target=ask, name="torchcomms-liveness-probe", daemon=True)
+        asker.start()
+        asker.join(_STORE_READ_S)  # the store's host may be behind a cut link
+        return bool(found and found[0])
 
     def check_pids(self) -> tuple[int, ...]:
         """Refresh and return ``dead`` from the local peers' pids."""
@@ -202,6 +226,7 @@ class _Ring:
         store.set(f"addr/{self.rank}", f"{host}:{self.listener.getsockname()[1]}")
         self.conns: dict[socket.socket, _Conn] = {}
         self.succ: socket.socket | None = None
+        self._addresses: dict[int, tuple[str, int]] = {}
         self._connect_successor(self.rank)
 
     def _connect_successor(self, after: int) -> None:
@@ -212,8 +237,9 @@ class _Ring:
             if r not in owner.dead:
                 try:
                     self.store.wait([f"addr/{r}"])
-                    host, _, port = self.store.get(f"addr/{r}").decode().rpartition(":")
-                    sock = socket.create_connection((host, int(port)), timeout=2.0)
+                    address = self.address(r)
+                    assert address is not None
+                    sock = socket.create_connection(address, timeout=2.0)
                 except ConnectionRefusedError:  # its listener is gone: so is it
                     self._learned([r])
                 except Exception:
@@ -226,6 +252,17 @@ class _Ring:
                     self.succ = sock
                     return
             r = (r + 1) % self.size
+
+    def address(self, rank: int) -> tuple[str, int] | None:
+        """``rank``'s listener, once it published it (any thread; cached)."""
+        found = self._addresses.get(rank)
+        if found is None:
+            key = f"addr/{rank}"
+            if not self.store.check([key]):
+                return None
+            host, _, port = self.store.get(key).decode().rpartition(":")
+            found = self._addresses[rank] = (host, int(port))
+        return found
 
     def _register(self, sock: socket.socket, peer: int | None) -> None:
         self.conns[sock] = _Conn(peer)
@@ -261,6 +298,9 @@ class _Ring:
             word, _, arg = line.decode(errors="replace").partition(" ")
             if word == "HI":
                 state.peer = int(arg)
+            elif word == "PING":  # a probe (``liveness_probe``): yes, alive
+                with contextlib.suppress(OSError):
+                    sock.send(b"PONG\n")
             elif word == "DEAD":
                 claimed = [int(x) for x in arg.split(",") if x]
                 if self.owner.known_alive(claimed):
@@ -280,8 +320,8 @@ class _Ring:
         self._drop(sock)
         if peer is not None:
             self._learned([peer])
-            if was_succ:
-                self._connect_successor(peer)
+            if was_succ:  # from the next live rank on: ``peer`` itself if it answered
+                self._connect_successor(peer if peer in self.owner.dead else peer - 1)
 
     def _drop(self, sock: socket.socket) -> None:
         if sock is self.succ:

@@ -142,8 +142,15 @@ class GlooWaiter:
             kind, _, listed = said.partition(" ")[2].partition(" ")
             ranks = [int(r) for r in listed.split(",") if r.strip().isdigit()]
             lv = self.liveness
-            if kind == "dead" and ranks and not (lv is not None and lv.known_alive(ranks)):
-                return _died(ranks, what, "(reported by the peer it waited for)")
+            if kind == "dead" and ranks:
+                if not (lv is not None and lv.known_alive(ranks)):
+                    return _died(ranks, what, "(reported by the peer it waited for)")
+                return WaitError(  # they live (on this host): failed, as the peer saw it
+                    "peer_failed",
+                    ranks,
+                    f"{ranks_text(ranks)} failed while this rank waited in {what} (peer rank "
+                    f"{peer} reports them dead; this rank sees them alive)",
+                )
             if kind == "peer" and ranks:
                 return WaitError(
                     "peer_failed",
@@ -165,11 +172,12 @@ class GlooWaiter:
             return WaitError("peer_failed", [peer], f"peer rank {peer} {verb} (in {what})")
         lv = self.liveness
         remote = lv is not None and peer in lv.elsewhere()
-        # A local peer's death shows in its pid within moments; a remote one's never does.
+        # A local peer's death shows in its pid within moments; a remote one's never does,
+        # but its listener answers while it lives (``liveness_probe``).
         dead = self._dead_soon(0.0 if remote else ATTRIBUTION_S)
         if dead:
             return _died(dead, what)
-        if remote:
+        if remote and not (lv is not None and lv.answers(peer)):
             return WaitError(
                 "dead",
                 [peer],
