@@ -152,7 +152,7 @@ class ShmCollectives:
         if check:
             want = fp[0] + chan.op_seq  # fingerprint.checked_word, inlined
             if chan.meta_fp[p] is fp:
-                flags[chan.my_meta[p]] = want
+                flags[chan.my_word[p]] = want
             else:
                 chan.write_fingerprint(p, fp)
         flags[chan.pub_index] = k
@@ -162,7 +162,7 @@ class ShmCollectives:
                 chan.wait_all(k, deadline)
                 break
         if check:
-            for i in chan.peer_meta[p]:
+            for i in chan.peer_word[p]:
                 if flags[i] != want:
                     chan.check_fingerprints(k, fp, "all_reduce")
                     break

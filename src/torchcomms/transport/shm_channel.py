@@ -3,9 +3,11 @@
 One segment per communicator holds, for every member rank:
 
 * its flag lines (64 bytes each, written only by that rank): ``PUBLISHED`` (the last
-  round whose data is in its slot), ``CONSUMED`` (the last round it finished reading),
-  ``STATE`` (ok / failed / finalized) and one ``META`` line per slot parity (a fingerprint
-  of the op, so mismatched collectives fail instead of reading stale bytes);
+  round whose data is in its slot, and per slot parity the *checked word* of the op's
+  fingerprint: digest + sequence number, so mismatched collectives fail instead of
+  reading stale bytes), ``CONSUMED`` (the last round it finished reading), ``STATE``
+  (ok / failed / finalized) and one ``META`` line per slot parity (the fingerprint's
+  descriptor and count, to say what differs, and a count peers read);
 * two data slots (round ``k`` uses parity ``k % 2``), so a rank may write round ``k + 1``
   while slower peers still read round ``k`` and no trailing barrier is needed: before
   writing round ``k`` a rank waits until every peer has consumed round ``k - 2``;
@@ -211,7 +213,12 @@ class ShmChannel:
             for r in self._peers
         ]
         self.all_meta = [[layout.rank_flag(r, META0 + p) for r in range(self.size)] for p in (0, 1)]
-        self.peer_meta = [[layout.rank_flag(r, META0 + p) for r in self._peers] for p in (0, 1)]
+        # The checked word of each parity (``write_fingerprint``) sits in the PUBLISHED
+        # line, words 1 and 2: a peer reads that line anyway, so checking costs no extra
+        # cache-line transfer between cores.
+        self.my_word = [self.pub_index + 1 + p for p in (0, 1)]
+        self.all_word = [[i + 1 + p for i in self.all_pub] for p in (0, 1)]
+        self.peer_word = [[self.all_pub[r] + 1 + p for r in self._peers] for p in (0, 1)]
         #: The fingerprint whose descriptor and count this rank's meta line of each parity
         #: holds (``write_fingerprint`` rewrites them only when they change).
         self.meta_fp: list[Fingerprint | None] = [None, None]
@@ -305,16 +312,16 @@ class ShmChannel:
         self.ring()
 
     def write_fingerprint(self, parity: int, fingerprint: Fingerprint) -> None:
-        """Words 0, 2 and 3 of this rank's meta line of ``parity``: the checked word
-        (digest + sequence number: all the fast checks compare), and the descriptor and
-        count (read only to say what differs; written only when they change)."""
+        """The checked word of ``parity`` (digest + sequence number: all the fast checks
+        compare) and, in the meta line of ``parity``, the descriptor and count (words 2 and
+        3: read only to say what differs, so written only when they change)."""
         flags = self.flags
-        meta = self.my_meta[parity]
         if self.meta_fp[parity] is not fingerprint:
+            meta = self.my_meta[parity]
             flags[meta + 2] = fingerprint[1]
             flags[meta + 3] = fingerprint[2]
             self.meta_fp[parity] = fingerprint
-        flags[meta] = checked_word(fingerprint, self.op_seq)
+        flags[self.my_word[parity]] = checked_word(fingerprint, self.op_seq)
 
     def count_of(self, k: int, rank: int) -> int:
         """The ``count`` that ``rank`` published with round ``k`` (after waiting for it)."""
@@ -366,14 +373,18 @@ class ShmChannel:
         """After waiting for round ``k``: those ranks called the same op (sizes, root, seq)."""
         flags = self.flags
         want = checked_word(mine, self.op_seq)
-        metas = self.all_meta[k & 1]
+        words = self.all_word[k & 1]
         among = range(self.size) if ranks is None else ranks
         for r in among:
-            if flags[metas[r]] != want:
+            if flags[words[r]] != want:
                 break
         else:
             return
-        every = [unpack_word(flags[m], flags[m + 2], flags[m + 3]) for m in metas]
+        metas = self.all_meta[k & 1]
+        every = [
+            unpack_word(flags[w], flags[m + 2], flags[m + 3])
+            for w, m in zip(words, metas, strict=True)
+        ]
         found = fingerprint_mismatch(every)
         if found is None:  # only some ranks were waited for; name those that differ
             found = [r for r in among if every[r] != every[self.rank]], "different arguments"
