@@ -27,6 +27,7 @@ from torchcomms.backends.gloo_waits import GLOO_MARGIN
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError
 from torchcomms.transport import gloo, tcp_lane
+from torchcomms.transport.shm_channel import WaitPolicy
 from torchcomms.types import CommOptions
 
 
@@ -140,8 +141,13 @@ def connect_lane(
         if deadline.passed():
             raise cpu_connect.timed_out(prefix, deadline, what, missing, "never connected")
 
+    # Spin before blocking only when this host's members each have a core (``local``: the
+    # members on this host, by pid), as the shm wait policy does.
+    spin_s = 0.0 if WaitPolicy(len(local) + 1).oversubscribed else tcp_lane.SPIN_S
     try:
-        return tcp_lane.connect(listener, token, rank, size, address_of, deadline.end, between)
+        return tcp_lane.connect(
+            listener, token, rank, size, address_of, deadline.end, between, spin_s
+        )
     except OSError as exc:
         raise CommError(f"{prefix}{what} failed: {exc}") from exc
 
