@@ -1058,7 +1058,8 @@ def test_bad_sizes_wait_policy_segments_and_platform_raise_clear_errors(
     """Single-process checks of every set-up error the transport can raise, by type and text."""
     from torchcomms import config
     from torchcomms.backends import cpu_shm
-    from torchcomms.transport.shm_channel import Layout, WaitPolicy
+    from torchcomms.transport.shm_channel import Layout
+    from torchcomms.transport.wait_policy import WaitPolicy
 
     # Byte counts: units accepted, garbage and negatives refused with the setting's name.
     assert config.parse_bytes("TORCHCOMM_SHM_SLOT_BYTES", "64K") == 65536

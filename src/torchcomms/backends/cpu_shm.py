@@ -34,9 +34,9 @@ from torchcomms.transport.shm_channel import (
     STATE_TIMED_OUT,
     Layout,
     ShmChannel,
-    WaitPolicy,
 )
 from torchcomms.transport.shm_p2p import ShmP2P, Transfer
+from torchcomms.transport.wait_policy import WaitPolicy
 from torchcomms.types import P2POp, P2POpType, RedOpType, ReduceOp
 
 _SUPPORTED_MACHINES = ("x86_64", "amd64", "i686", "i386")

@@ -27,7 +27,7 @@ from torchcomms.backends.gloo_waits import GLOO_MARGIN
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError
 from torchcomms.transport import gloo, tcp_lane
-from torchcomms.transport.shm_channel import WaitPolicy
+from torchcomms.transport.wait_policy import WaitPolicy
 from torchcomms.types import CommOptions
 
 
