@@ -231,3 +231,86 @@ def test_flag_unset_runs_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
         assert report["class_is_torchcomm"] and not report["enabled"], report
         assert not report["opaque_imported"] and not report["ops_defined"], report
         assert report["equal"] and report["eager"] == [4.0, 8.0, 12.0, 16.0], report
+
+
+# -- hints, timeouts, hooks: what the compiled call hands the eager path --------------------------
+class _Seen:
+    """An internal observer (``torchcomms.oprecord``): the timeout each op ran with."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[str, float, bool]] = []
+
+    def op_scheduled(self, record: Any) -> None:
+        self.ops.append((record.name.name, record.timeout.total_seconds(), record.async_op))
+
+    def op_finished(self, record: Any) -> None:
+        pass
+
+
+T7 = timedelta(seconds=7)
+BAD_TAG = {"tag": "x"}
+
+
+def _with_options(comm: Any, x: torch.Tensor) -> torch.Tensor:
+    comm.all_reduce(x, ReduceOp.SUM, True, timeout=T7).wait()
+    comm.broadcast(x, 0, False, hints={"tag": "1"})
+    return x + 1
+
+
+def _bad_hint(comm: Any, x: torch.Tensor) -> torch.Tensor:
+    peer = 1 - comm.get_rank()
+    comm.send(x, peer, False, hints=BAD_TAG)
+    return x
+
+
+def _never_waited(comm: Any, x: torch.Tensor) -> torch.Tensor:
+    comm.all_reduce(x, ReduceOp.SUM, True)
+    return x + 1
+
+
+def options_rank(ctx: RankContext) -> dict[str, Any]:
+    comm = _comm(ctx, "shm", "compile_options")
+    seen = _Seen()
+    comm._add_observer(seen)
+    pre: list[tuple[str, bool]] = []
+    hook = comm.register_pre_hook(lambda name, op_id, args: pre.append((name.name, args.async_op)))
+    compiled = torch.compile(_with_options, fullgraph=True, backend="aot_eager")
+    result = compiled(comm, torch.ones(3)).tolist()
+    try:
+        torch.compile(_bad_hint, fullgraph=True, backend="aot_eager")(comm, torch.ones(3))
+        bad = "no error"
+    except Exception as exc:  # the eager path's validation, raised from the graph
+        bad = f"{type(exc).__name__}: {exc}"
+    hook.remove()
+    unwaited = torch.compile(_never_waited, fullgraph=True, backend="aot_eager")
+    x = torch.ones(2)
+    first = unwaited(comm, x).tolist()  # x is not written: the work was never waited
+    try:
+        unwaited(comm, x)
+        again = "no error"
+    except RuntimeError as exc:
+        again = str(exc)
+    comm.barrier(False)  # the abandoned all_reduce ran on every rank
+    comm.finalize()
+    return {
+        "seen": seen.ops,
+        "pre": pre,
+        "result": result,
+        "bad": bad,
+        "unwaited": (first, x.tolist(), again),
+    }
+
+
+def test_hints_timeouts_and_hooks_reach_the_eager_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    _enabled(monkeypatch)
+    reports = run_ranks(options_rank, 2, timeout=300.0, fresh=True)
+    for report in reports:
+        assert report["result"] == [3.0, 3.0, 3.0]
+        default = COMM_TIMEOUT.total_seconds()
+        assert report["seen"][:2] == [("all_reduce", 7.0, True), ("broadcast", default, False)]
+        assert report["pre"][:2] == [("all_reduce", True), ("broadcast", False)]
+        assert "CommValidationError" in report["bad"], report["bad"]
+        assert "send/recv hint 'tag' must be an integer, got 'x'" in report["bad"]
+        first, x_after, again = report["unwaited"]
+        assert first == [2.0, 2.0] and x_after == [1.0, 1.0]
+        assert "issued again at the same call site before the work of its previous run" in again

@@ -1,27 +1,37 @@
 """The ``torchcomms::`` custom ops a compiled graph calls, with their fake implementations.
 
-One op per communicator operation, plus ``wait_``.  Each takes the opaque communicator,
-an *order token* and the operation's arguments flattened into schema types (a reduce op
-as ``(int type, float? factor, Tensor? factor_tensor)``, hints as two ``str[]``, the
-timeout as ``float?`` seconds), and declares the tensors it writes as mutated
-(``Tensor(a!)``), so functionalization and Inductor keep every read after the write.
+Every communicator operation has two ops: ``<name>_`` for ``async_op=False`` and
+``<name>_async`` for ``async_op=True``, plus ``wait_``.  Each takes the opaque
+communicator, an *order token* and the operation's arguments flattened into schema types
+(a reduce op as ``(int type, float? factor, Tensor? factor_tensor)``, hints as two
+``str[]``, the timeout as ``float?`` seconds, and ``call_id``, a constant naming the call
+site).
+
+* ``<name>_`` runs the eager call to completion and declares the tensors it writes as
+  mutated (``Tensor(a!)``), so functionalization and Inductor order every later read
+  after it.
+* ``<name>_async`` issues the eager call with ``async_op=True`` on *private copies* of its
+  tensors and returns; it declares no tensor written.  ``wait_`` (on the call's
+  ``TracedWork``) waits for it and copies the results into the tensors it declares
+  mutated.  Copies, because functionalization may hand an op a clone of a tensor and
+  Inductor may reuse a buffer after its last read: memory the graph owns is never
+  written or read behind the graph's back.  So inside a graph an async op reads its
+  inputs when it is issued and its outputs change at ``wait()``.
 
 The order token is one zero-element tensor every op mutates: all communicator ops of a
 graph form one chain of writes to it, so no pass can reorder them against each other
 (ranks must issue collectives in the same order) nor drop one whose results go unused
 (``send``, ``barrier``, ``wait_``).
 
-The real implementation (the caller's thread, when the compiled graph runs) calls the
-communicator's eager method: validation, op ids, hooks, the flight recorder and timeouts
-are exactly those of an eager call.  An op issued with ``async_op=True`` is issued
-asynchronously and waited for before the graph op returns (see ``docs/compile.md``); the
-graph's ``wait_`` then has nothing left to wait for.  The fake implementations write
-nothing and return nothing: every op only mutates its arguments.
+The kernels (the caller's thread, when the compiled graph runs) call the communicator's
+eager method: validation, op ids, hooks, the flight recorder and timeouts are exactly
+those of an eager call.  The fake implementations write nothing and return nothing:
+every op only mutates its arguments.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -179,28 +189,29 @@ _OPS: dict[str, tuple[str, _Eager, tuple[int, ...]]] = {
 class _Pending:
     """Async ops issued by a graph and not yet waited, keyed by their call site's id.
 
-    Used only by the thread that runs the graph (a communicator is driven by one thread).
+    Each entry holds the op's work and its private outputs.  Used only by the thread that
+    runs the graph (a communicator is driven by one thread).
     """
 
     def __init__(self) -> None:
         self._works: dict[int, tuple[TorchWork, list[torch.Tensor]]] = {}
 
-    def add(self, call_id: int, work: TorchWork, outputs: list[torch.Tensor]) -> None:
+    def add(self, call_id: int, work: TorchWork, private: list[torch.Tensor]) -> None:
         if call_id in self._works:
             raise RuntimeError(
                 "torchcomms compiled graph: an async op was issued again at the same call site "
                 "before the work of its previous run was waited; call work.wait() on every "
                 "async op's work (its outputs are written at wait())"
             )
-        self._works[call_id] = (work, outputs)
+        self._works[call_id] = (work, private)
 
     def wait(self, call_id: int, tensors: list[torch.Tensor]) -> None:
         entry = self._works.pop(call_id, None)
         if entry is None:
             return  # a sync op: it wrote its outputs inside its own op
-        work, outputs = entry
+        work, private = entry
         work.wait()
-        for dst, src in zip(tensors, outputs, strict=True):
+        for dst, src in zip(tensors, private, strict=True):
             dst.copy_(src)
 
 
@@ -216,8 +227,23 @@ def _private(value: Any) -> Any:
     return value
 
 
+def _flat(values: list[Any], indices: Iterable[int]) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for i in indices:
+        v = values[i]
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            out.extend(t for t in v if isinstance(t, torch.Tensor))
+    return out
+
+
 def _real(eager: _Eager, mutated: tuple[int, ...]) -> Callable[..., None]:
-    """The kernel of one op: run the eager call (sync), or issue it on private copies (async)."""
+    """The kernel of one op: run the eager call (sync), or issue it on private copies (async).
+
+    Registered for both forms of the op: ``<name>_`` (sync, declares its outputs mutated)
+    and ``<name>_async`` (declares nothing but the token mutated: ``wait_`` writes them).
+    """
 
     def kernel(comm: TorchComm, token: torch.Tensor, *args: Any) -> None:
         *own, async_op, keys, values, timeout_s, call_id = args
@@ -227,11 +253,7 @@ def _real(eager: _Eager, mutated: tuple[int, ...]) -> Callable[..., None]:
             return
         copies = [_private(a) for a in own]
         work = eager(comm, copies, True, kw)
-        outputs: list[torch.Tensor] = []
-        for i in mutated:
-            out = copies[i]
-            outputs.extend(out if isinstance(out, list) else [out])
-        _pending.add(call_id, work, outputs)
+        _pending.add(call_id, work, _flat(copies, mutated))
 
     return kernel
 
@@ -239,6 +261,11 @@ def _real(eager: _Eager, mutated: tuple[int, ...]) -> Callable[..., None]:
 def _wait(token: torch.Tensor, tensors: list[torch.Tensor], call_id: int) -> None:
     """Wait for the async op issued at ``call_id`` and write its results into ``tensors``."""
     _pending.wait(call_id, tensors)
+
+
+def async_name(name: str) -> str:
+    """``all_reduce_`` -> ``all_reduce_async``: the op an ``async_op=True`` call emits."""
+    return name + "async"
 
 
 def _fake(*args: Any) -> None:
@@ -253,9 +280,12 @@ def define(comm_type_name: str) -> None:
     lib = torch.library.Library(NAMESPACE, "DEF")
     head = f"{comm_type_name} comm, Tensor(t!) token"
     for name, (args, eager, mutated) in _OPS.items():
-        lib.define(f"{name}({head}, {args + ', ' if args else ''}{_TAIL}) -> ()")
-        lib.impl(name, _real(eager, mutated), "CompositeExplicitAutograd")
-        torch.library.register_fake(f"{NAMESPACE}::{name}", _fake, lib=lib)
+        kernel = _real(eager, mutated)
+        # the async form writes nothing when it runs (module docstring): no "!" on its outputs
+        for op, op_args in ((name, args), (async_name(name), args.replace("(a!)", ""))):
+            lib.define(f"{op}({head}, {op_args + ', ' if op_args else ''}{_TAIL}) -> ()")
+            lib.impl(op, kernel, "CompositeExplicitAutograd")
+            torch.library.register_fake(f"{NAMESPACE}::{op}", _fake, lib=lib)
     lib.define("wait_(Tensor(t!) token, Tensor(a!)[] tensors, int call_id) -> ()")
     lib.impl("wait_", _wait, "CompositeExplicitAutograd")
     torch.library.register_fake(f"{NAMESPACE}::wait_", _fake, lib=lib)

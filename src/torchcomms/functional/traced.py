@@ -1,7 +1,8 @@
 """What a communicator call becomes while torch.compile traces it (Dynamo inlines this).
 
 Each function here has an eager method's signature, flattens its arguments into the
-schema types of ``torchcomms.functional.ops`` and emits that op.  The ops run under
+schema types of ``torchcomms.functional.ops`` and emits that op (its ``_async`` form for
+``async_op=True``).  The ops run under
 ``torch.no_grad()``: an eager call writes its outputs outside autograd (a leaf that
 requires grad may be written, a non-leaf keeps its ``grad_fn``), and so does the graph;
 gradients therefore pass through a collective and its wait as through the identity.
@@ -9,7 +10,7 @@ gradients therefore pass through a collective and its wait as through the identi
 A call returns a ``TracedWork`` whose ``wait()`` emits the ``wait_`` op on the call's
 output tensors; ``batch_op_create()`` returns a ``TracedBatch`` that queues sends and
 receives in Python (at trace time) and emits one ``batch_issue_`` op.  Only code that
-runs at trace time lives here; nothing in this module runs when the graph executes.
+runs at trace time lives here: when the graph executes, only the ops' kernels run.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from torchcomms.comm_ops import BatchSendRecv
-from torchcomms.functional.ops import ORDER_TOKEN
+from torchcomms.functional.ops import ORDER_TOKEN, async_name
 from torchcomms.types import UNSET_BATCH_TIMEOUT, BatchP2POptions, RedOpType, ReduceOp
 from torchcomms.work import TorchWork
 
@@ -32,6 +33,11 @@ _call_ids = itertools.count()
 
 def _ops() -> Any:
     return torch.ops.torchcomms
+
+
+def _op(name: str, async_op: bool) -> Any:
+    """The sync op ``name``, or its async form (see ``torchcomms.functional.ops``)."""
+    return getattr(torch.ops.torchcomms, async_name(name) if async_op else name)
 
 
 @torch.compiler.assume_constant_result
@@ -113,7 +119,7 @@ class TracedBatch(BatchSendRecv):
             timeout = options.timeout
         tail = _tail(async_op, hints, timeout)
         with torch.no_grad():
-            _ops().batch_issue_(
+            _op("batch_issue_", async_op)(
                 self._comm,
                 ORDER_TOKEN,
                 self._sends,
@@ -131,7 +137,7 @@ def all_reduce(
 ) -> TracedWork:
     tail = _tail(async_op, hints, timeout)
     with torch.no_grad():
-        _ops().all_reduce_(comm, ORDER_TOKEN, tensor, *_red(op), *tail)
+        _op("all_reduce_", async_op)(comm, ORDER_TOKEN, tensor, *_red(op), *tail)
     return TracedWork([tensor], tail[-1])
 
 
@@ -146,7 +152,7 @@ def reduce(
 ) -> TracedWork:
     tail = _tail(async_op, hints, timeout)
     with torch.no_grad():
-        _ops().reduce_(comm, ORDER_TOKEN, tensor, root, *_red(op), *tail)
+        _op("reduce_", async_op)(comm, ORDER_TOKEN, tensor, root, *_red(op), *tail)
     return TracedWork([tensor], tail[-1])
 
 
@@ -155,7 +161,7 @@ def broadcast(
 ) -> TracedWork:
     tail = _tail(async_op, hints, timeout)
     with torch.no_grad():
-        _ops().broadcast_(comm, ORDER_TOKEN, tensor, root, *tail)
+        _op("broadcast_", async_op)(comm, ORDER_TOKEN, tensor, root, *tail)
     return TracedWork([tensor], tail[-1])
 
 
@@ -169,7 +175,7 @@ def all_gather(
 ) -> TracedWork:
     tail = _tail(async_op, hints, timeout)
     with torch.no_grad():
-        _ops().all_gather_(comm, ORDER_TOKEN, tensor_list, tensor, *tail)
+        _op("all_gather_", async_op)(comm, ORDER_TOKEN, tensor_list, tensor, *tail)
     return TracedWork(tensor_list, tail[-1])
 
 
@@ -183,7 +189,7 @@ def all_gather_v(
 ) -> TracedWork:
     tail = _tail(async_op, hints, timeout)
     with torch.no_grad():
-        _ops().all_gather_v_(comm, ORDER_TOKEN, tensor_list, tensor, *tail)
+        _op("all_gather_v_", async_op)(comm, ORDER_TOKEN, tensor_list, tensor, *tail)
     return TracedWork(tensor_list, tail[-1])
 
 
@@ -192,7 +198,7 @@ def all_gather_single(
 ) -> TracedWork:
     tail = _tail(async_op, hints, timeout)
     with torch.no_grad():
-        _ops().all_gather_single_(comm, ORDER_TOKEN, output, input, *tail)
+        _op("all_gather_single_", async_op)(comm, ORDER_TOKEN, output, input, *tail)
     return TracedWork([output], tail[-1])
 
 
@@ -207,7 +213,7 @@ def reduce_scatter(
 ) -> TracedWork:
     tail = _tail(async_op, hints, timeout)
     with torch.no_grad():
-        _ops().reduce_scatter_(comm, ORDER_TOKEN, output, input_list, *_red(op), *tail)
+        _op("reduce_scatter_", async_op)(comm, ORDER_TOKEN, output, input_list, *_red(op), *tail)
     return TracedWork([output], tail[-1])
 
 
@@ -222,7 +228,7 @@ def reduce_scatter_v(
 ) -> TracedWork:
     tail = _tail(async_op, hints, timeout)
     with torch.no_grad():
-        _ops().reduce_scatter_v_(comm, ORDER_TOKEN, output, input_list, *_red(op), *tail)
+        _op("reduce_scatter_v_", async_op)(comm, ORDER_TOKEN, output, input_list, *_red(op), *tail)
     return TracedWork([output], tail[-1])
 
 
@@ -237,7 +243,7 @@ def reduce_scatter_single(
 ) -> TracedWork:
     tail = _tail(async_op, hints, timeout)
     with torch.no_grad():
-        _ops().reduce_scatter_single_(comm, ORDER_TOKEN, output, input, *_red(op), *tail)
+        _op("reduce_scatter_single_", async_op)(comm, ORDER_TOKEN, output, input, *_red(op), *tail)
     return TracedWork([output], tail[-1])
 
 
@@ -251,7 +257,7 @@ def all_to_all(
 ) -> TracedWork:
     tail = _tail(async_op, hints, timeout)
     with torch.no_grad():
-        _ops().all_to_all_(comm, ORDER_TOKEN, output_list, input_list, *tail)
+        _op("all_to_all_", async_op)(comm, ORDER_TOKEN, output_list, input_list, *tail)
     return TracedWork(output_list, tail[-1])
 
 
@@ -260,7 +266,7 @@ def all_to_all_single(
 ) -> TracedWork:
     tail = _tail(async_op, hints, timeout)
     with torch.no_grad():
-        _ops().all_to_all_single_(comm, ORDER_TOKEN, output, input, *tail)
+        _op("all_to_all_single_", async_op)(comm, ORDER_TOKEN, output, input, *tail)
     return TracedWork([output], tail[-1])
 
 
@@ -276,7 +282,7 @@ def all_to_all_v_single(
 ) -> TracedWork:
     tail = _tail(async_op, hints, timeout)
     with torch.no_grad():
-        _ops().all_to_all_v_single_(
+        _op("all_to_all_v_single_", async_op)(
             comm,
             ORDER_TOKEN,
             output,
@@ -299,7 +305,7 @@ def scatter(
 ) -> TracedWork:
     tail = _tail(async_op, hints, timeout)
     with torch.no_grad():
-        _ops().scatter_(comm, ORDER_TOKEN, output, input_list, root, *tail)
+        _op("scatter_", async_op)(comm, ORDER_TOKEN, output, input_list, root, *tail)
     return TracedWork([output], tail[-1])
 
 
@@ -314,7 +320,7 @@ def gather(
 ) -> TracedWork:
     tail = _tail(async_op, hints, timeout)
     with torch.no_grad():
-        _ops().gather_(comm, ORDER_TOKEN, output_list, input, root, *tail)
+        _op("gather_", async_op)(comm, ORDER_TOKEN, output_list, input, root, *tail)
     return TracedWork(output_list, tail[-1])
 
 
@@ -329,7 +335,7 @@ def gather_single(
 ) -> TracedWork:
     tail = _tail(async_op, hints, timeout)
     with torch.no_grad():
-        _ops().gather_single_(comm, ORDER_TOKEN, output, input, root, *tail)
+        _op("gather_single_", async_op)(comm, ORDER_TOKEN, output, input, root, *tail)
     return TracedWork([output], tail[-1])
 
 
@@ -338,7 +344,7 @@ def send(
 ) -> TracedWork:
     tail = _tail(async_op, hints, timeout)
     with torch.no_grad():
-        _ops().send_(comm, ORDER_TOKEN, tensor, dst, *tail)
+        _op("send_", async_op)(comm, ORDER_TOKEN, tensor, dst, *tail)
     return TracedWork([], tail[-1])
 
 
@@ -347,12 +353,12 @@ def recv(
 ) -> TracedWork:
     tail = _tail(async_op, hints, timeout)
     with torch.no_grad():
-        _ops().recv_(comm, ORDER_TOKEN, tensor, src, *tail)
+        _op("recv_", async_op)(comm, ORDER_TOKEN, tensor, src, *tail)
     return TracedWork([tensor], tail[-1])
 
 
 def barrier(comm: Any, async_op: bool, hints: Any, timeout: Any) -> TracedWork:
     tail = _tail(async_op, hints, timeout)
     with torch.no_grad():
-        _ops().barrier_(comm, ORDER_TOKEN, *tail)
+        _op("barrier_", async_op)(comm, ORDER_TOKEN, *tail)
     return TracedWork([], tail[-1])
