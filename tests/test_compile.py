@@ -8,9 +8,12 @@ second call must reuse the graph), compares the results bit for bit (integer-val
 data), and counts graphs with a ``CompileCounterWithBackend`` (exactly one per case) and
 graph breaks with ``torch._dynamo.utils.counters`` (none).
 
-The default run compiles one graph covering most ops at world 2 over shm and world 3
-over tcp, plus the autograd cases; ``-m compile_matrix`` compiles every case on its own
-at worlds 2 and 3 over both transports.
+The default run compiles, at world 2 over shm (Inductor) and world 3 over tcp
+(``aot_eager``: Dynamo, AOTAutograd and functionalization without Inductor's codegen, to
+keep the 3-rank run short on 2 cores), one graph covering five cases and one graph for each
+of the other four; then the autograd cases, what reaches the eager path (hints, timeouts,
+hooks, an unwaited async op) and the flag unset.  ``-m compile_matrix`` compiles every
+case on its own with Inductor at worlds 2 and 3 over both transports.
 """
 
 from __future__ import annotations
