@@ -294,6 +294,13 @@ def options_rank(ctx: RankContext) -> dict[str, Any]:
     except RuntimeError as exc:
         again = str(exc)
     comm.barrier(False)  # the abandoned all_reduce ran on every rank
+    child = comm.split([1, 0], "compile_child")  # a split child is traceable too
+    assert child is not None
+    child_result = torch.compile(_with_options, fullgraph=True, backend="aot_eager")(
+        child, torch.full((3,), float(child.get_rank()))
+    ).tolist()
+    child_class = type(child).__name__
+    child.finalize()
     comm.finalize()
     return {
         "seen": seen.ops,
@@ -301,6 +308,7 @@ def options_rank(ctx: RankContext) -> dict[str, Any]:
         "result": result,
         "bad": bad,
         "unwaited": (first, x.tolist(), again),
+        "child": (child_class, child_result),
     }
 
 
@@ -317,3 +325,5 @@ def test_hints_timeouts_and_hooks_reach_the_eager_path(monkeypatch: pytest.Monke
         first, x_after, again = report["unwaited"]
         assert first == [2.0, 2.0] and x_after == [1.0, 1.0]
         assert "issued again at the same call site before the work of its previous run" in again
+        # child ranks 0, 1 = parent ranks 1, 0; all_reduce of (0, 1) then broadcast, + 1
+        assert report["child"] == ("TraceableTorchComm", [2.0, 2.0, 2.0])
