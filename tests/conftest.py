@@ -48,11 +48,20 @@ def timeout_scale() -> float:
     return harness.timeout_scale()
 
 
+#: Markers whose tests run only when ``-m`` names them, with the skip reason otherwise.
+_OPT_IN = {
+    "chaos": "the long fault matrix: run it with -m chaos",
+    "compile_matrix": "the full torch.compile matrix (about 2 min): run it with -m compile_matrix",
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``chaos`` tests (the long fault matrix) run only when ``-m`` names them."""
-    if "chaos" in (config.option.markexpr or ""):
-        return
-    skip = pytest.mark.skip(reason="the long fault matrix: run it with -m chaos")
-    for item in items:
-        if item.get_closest_marker("chaos") is not None:
-            item.add_marker(skip)
+    """``chaos`` and ``compile_matrix`` tests run only when ``-m`` names them."""
+    markexpr = config.option.markexpr or ""
+    for marker, reason in _OPT_IN.items():
+        if marker in markexpr:
+            continue
+        skip = pytest.mark.skip(reason=reason)
+        for item in items:
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(skip)

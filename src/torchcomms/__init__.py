@@ -7,7 +7,13 @@ it while ``torch.distributed`` is half-initialised.
 
 from __future__ import annotations
 
-from torchcomms import hooks, objcol
+# Last: with TORCHCOMMS_PATCH_FOR_COMPILE=1 this makes new communicators traceable by
+# torch.compile; unset, it only defines the version helpers (torchcomms.functional).
+from torchcomms import (
+    functional,
+    hooks,
+    objcol,
+)
 from torchcomms._comms import (
     BatchP2POptions,
     BatchSendRecv,
@@ -40,6 +46,8 @@ from torchcomms.errors import (
     PeerFailureError,
 )
 
+functional._install_if_enabled()
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -67,6 +75,7 @@ __all__ = [
     "_is_backend_registered",
     "_load_backend",
     "built_backends",
+    "functional",
     "hooks",
     "is_backend_built",
     "new_comm",

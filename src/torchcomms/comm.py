@@ -144,7 +144,8 @@ class TorchComm(CommOps):
         )
         child_options.hints = dict(hints or {})
         child_backend = self._backend.split(members, name, child_options)
-        child = TorchComm(self._backend_name, child_backend, self._device, child_options)
+        # type(self): a child of a traceable communicator (torchcomms.functional) is one too.
+        child = type(self)(self._backend_name, child_backend, self._device, child_options)
         child._observers = self._observers
         for observer in self._observers:
             on_split = getattr(observer, "comm_split", None)
@@ -296,12 +297,25 @@ def new_comm(
     comm_backend.check_device(dev)  # before init: no networking for a device it cannot serve
     impl._set_device_and_options(dev, options)
     comm_backend.init(dev, name, options)
-    comm = TorchComm(backend, comm_backend, dev, options)
+    comm = _comm_class(backend, comm_backend, dev, options)
     for factory in list(_default_observer_factories):
         observer = factory(comm)
         if observer is not None:
             comm._add_observer(observer)
     return comm
+
+
+#: The class ``new_comm`` instantiates: ``TorchComm``, or the traceable subclass that
+#: ``torchcomms.functional`` installs when ``TORCHCOMMS_PATCH_FOR_COMPILE=1``.
+_comm_class: type[TorchComm] = TorchComm
+
+
+def _set_comm_class(cls: type[TorchComm]) -> None:
+    """Make ``new_comm`` create ``cls`` (a ``TorchComm`` subclass) from now on."""
+    global _comm_class
+    if not issubclass(cls, TorchComm):
+        raise TypeError(f"_set_comm_class: {cls!r} is not a TorchComm subclass")
+    _comm_class = cls
 
 
 ObserverFactory = Callable[[TorchComm], "OpObserver | None"]

@@ -292,3 +292,23 @@ def liveness_period_s() -> float:
     if raw <= 0:
         raise ValueError(f"TORCHCOMM_LIVENESS_PERIOD_MS must be > 0, got {raw}")
     return raw / 1000.0
+
+
+# -- torch.compile (torchcomms.functional) -------------------------------------------------------
+def _flag_on(name: str) -> bool:
+    """A switch read at import time: only 1/true/yes/y turn it on (anything else is off).
+
+    Lenient on purpose: ``torchcomms`` is imported while ``torch.distributed`` initialises,
+    where a raised error would only switch the integration off.
+    """
+    return (os.environ.get(name) or "").strip().lower() in _TRUE
+
+
+def compile_patch_enabled() -> bool:
+    """``TORCHCOMMS_PATCH_FOR_COMPILE``: make communicator calls traceable by torch.compile."""
+    return _flag_on("TORCHCOMMS_PATCH_FOR_COMPILE")
+
+
+def compile_ignore_version() -> bool:
+    """``TORCHCOMMS_COMPILE_IGNORE_PYTORCH_VERSION_REQUIREMENT``: skip the torch version check."""
+    return _flag_on("TORCHCOMMS_COMPILE_IGNORE_PYTORCH_VERSION_REQUIREMENT")

@@ -1,0 +1,218 @@
+"""The op table of the torch.compile tests: each case is a function of (comm, tensors).
+
+Every case function calls communicator ops the way user code does (rank-dependent roots,
+peers and sizes come from ``comm.get_rank()`` / ``get_size()``, read at trace time), and
+returns the tensors whose values the test compares.  ``inputs(rank, size)`` builds the
+case's fresh integer-valued inputs, so eager and compiled runs start from equal data.
+A case runs in the rank processes of ``tests/test_compile.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from torchcomms import BatchP2POptions, ReduceOp
+
+N = 6  # elements per rank and chunk: small, so compiled kernels stay tiny
+T30 = timedelta(seconds=30)
+HINTS = {"compile_test": "1"}  # an unknown hint: passed through, ignored by the backend
+#: A PREMUL_SUM factor given as a tensor (created outside the graph, as users do).
+FACTOR = torch.tensor([3.0])
+
+Tensors = tuple[torch.Tensor, ...]
+
+
+def _ranked(rank: int, n: int = N, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.arange(n, dtype=dtype) + 10 * (rank + 1)
+
+
+# -- case functions ------------------------------------------------------------------------------
+def all_reduce(comm: Any, x: torch.Tensor) -> Tensors:
+    y = x * 2
+    comm.all_reduce(y, ReduceOp.SUM, False, hints=HINTS, timeout=T30)
+    work = comm.all_reduce(y, ReduceOp.MAX, True)
+    work.wait()
+    z = y - 1
+    comm.all_reduce(z, ReduceOp.PREMUL_SUM(2.0), False)
+    w = z + 0
+    comm.all_reduce(w, ReduceOp.PREMUL_SUM(FACTOR), async_op=False)
+    return y, z, w
+
+
+def reduce(comm: Any, x: torch.Tensor) -> Tensors:
+    root = comm.get_size() - 1
+    y = x + 1
+    comm.reduce(y, root, ReduceOp.SUM, False)
+    z = x * 3
+    comm.reduce(z, 0, ReduceOp.MAX, True).wait()
+    if comm.get_rank() == root:
+        return (y,) if root != 0 else (y, z)
+    return (z,) if comm.get_rank() == 0 else ()
+
+
+def broadcast(comm: Any, x: torch.Tensor) -> Tensors:
+    y = x.clone()
+    comm.broadcast(y, 1, False)
+    z = x * 5
+    work = comm.broadcast(z, 0, True, timeout=T30)
+    work.wait()
+    return y + z, y
+
+
+def all_gather(comm: Any, x: torch.Tensor) -> Tensors:
+    size, rank = comm.get_size(), comm.get_rank()
+    outs = [torch.zeros(N) for _ in range(size)]
+    comm.all_gather(outs, x, False)
+    single = torch.zeros(size * N)
+    comm.all_gather_single(single, x * 2, True).wait()
+    var = [torch.zeros(r + 1) for r in range(size)]
+    comm.all_gather_v(var, x[: rank + 1] + 1, False)
+    return (*outs, single, *var)
+
+
+def reduce_scatter(comm: Any, x: torch.Tensor) -> Tensors:
+    size, rank = comm.get_size(), comm.get_rank()
+    ins = [x + i for i in range(size)]
+    out = torch.zeros(N)
+    comm.reduce_scatter(out, ins, ReduceOp.SUM, False)
+    single_in = torch.cat([x * (i + 1) for i in range(size)])
+    single = torch.zeros(N)
+    comm.reduce_scatter_single(single, single_in, ReduceOp.MAX, True).wait()
+    var_in = [x[: i + 1] * 2 for i in range(size)]
+    var = torch.zeros(rank + 1)
+    comm.reduce_scatter_v(var, var_in, ReduceOp.SUM, False)
+    return out, single, var
+
+
+def all_to_all(comm: Any, x: torch.Tensor) -> Tensors:
+    size, rank = comm.get_size(), comm.get_rank()
+    ins = [x + 100 * i for i in range(size)]
+    outs = [torch.zeros(N) for _ in range(size)]
+    comm.all_to_all(outs, ins, False)
+    single_in = torch.cat([x * (i + 1) for i in range(size)])
+    single = torch.zeros(size * N)
+    comm.all_to_all_single(single, single_in, True).wait()
+    # rank r sends i+1 rows to rank i and receives r+1 rows from every rank
+    in_splits = [i + 1 for i in range(size)]
+    out_splits = [rank + 1] * size
+    v_in = torch.arange(sum(in_splits) * 2, dtype=torch.float32).reshape(-1, 2) + rank * 1000
+    v_out = torch.zeros(sum(out_splits), 2)
+    comm.all_to_all_v_single(v_out, v_in, out_splits, in_splits, False)
+    return (*outs, single, v_out)
+
+
+def scatter_gather(comm: Any, x: torch.Tensor) -> Tensors:
+    size, rank = comm.get_size(), comm.get_rank()
+    root = size - 1
+    ins = [x * (i + 1) for i in range(size)] if rank == root else []
+    out = torch.zeros(N)
+    comm.scatter(out, ins, root, False)
+    gathered = [torch.zeros(N) for _ in range(size)] if rank == 0 else []
+    comm.gather(gathered, out + rank, 0, True).wait()
+    single = torch.zeros(size * N if rank == 0 else 0)  # the output is ignored off the root
+    comm.gather_single(single, out * 2, 0, False)
+    return (out, *gathered, single)
+
+
+def send_recv(comm: Any, x: torch.Tensor) -> Tensors:
+    size, rank = comm.get_size(), comm.get_rank()
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    got = torch.zeros(N)
+    # receives are posted first, asynchronously: a sync ring of sends would deadlock
+    work = comm.recv(got, prv, True)
+    comm.send(x * 7, nxt, False)
+    work.wait()
+    # then the pair (0, 1) once more, sync, in the order that cannot deadlock
+    back = torch.zeros(N)
+    if rank == 0:
+        comm.send(got + 1, 1, False)
+        comm.recv(back, 1, False)
+    elif rank == 1:
+        comm.recv(back, 0, False)
+        comm.send(back * 2, 0, False)
+    comm.barrier(False)
+    comm.barrier(True).wait()
+    return got, back
+
+
+def batch(comm: Any, x: torch.Tensor) -> Tensors:
+    size, rank = comm.get_size(), comm.get_rank()
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    a, b = torch.zeros(N), torch.zeros(N)
+    ops = comm.batch_op_create()
+    ops.send(x + 1, nxt)
+    ops.recv(a, prv)
+    ops.send(x + 2, prv)
+    ops.recv(b, nxt)
+    ops.issue(False)
+    c = torch.zeros(N)
+    ops2 = comm.batch_op_create()
+    ops2.recv(c, prv)
+    ops2.send(a * 3, nxt)
+    ops2.issue(True, BATCH_OPTIONS).wait()
+    return a, b, c
+
+
+BATCH_OPTIONS = BatchP2POptions()
+BATCH_OPTIONS.timeout = T30
+BATCH_OPTIONS.hints = dict(HINTS)
+
+
+def autograd(comm: Any, x: torch.Tensor) -> Tensors:
+    """Gradients pass through a collective and its wait as through the identity."""
+    y = x * 3
+    work = comm.all_reduce(y, ReduceOp.SUM, True)
+    work.wait()
+    z = y * y
+    comm.broadcast(z, 0, False)
+    return (z.sum(),)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    fn: Callable[..., Tensors]
+    inputs: Callable[[int, int], Tensors]
+    #: the ops the case covers (reported by the test, checked against the op list)
+    covers: tuple[str, ...]
+
+
+def _one(rank: int, size: int) -> Tensors:
+    return (_ranked(rank),)
+
+
+CASES = (
+    Case("all_reduce", all_reduce, _one, ("all_reduce",)),
+    Case("reduce", reduce, _one, ("reduce",)),
+    Case("broadcast", broadcast, _one, ("broadcast",)),
+    Case("all_gather", all_gather, _one, ("all_gather", "all_gather_single", "all_gather_v")),
+    Case(
+        "reduce_scatter",
+        reduce_scatter,
+        _one,
+        ("reduce_scatter", "reduce_scatter_single", "reduce_scatter_v"),
+    ),
+    Case(
+        "all_to_all", all_to_all, _one, ("all_to_all", "all_to_all_single", "all_to_all_v_single")
+    ),
+    Case("scatter_gather", scatter_gather, _one, ("scatter", "gather", "gather_single")),
+    Case("send_recv", send_recv, _one, ("send", "recv", "barrier")),
+    Case("batch", batch, _one, ("batch_op_create",)),
+)
+
+#: One graph covering several cases (the default run compiles it once instead of nine times).
+COMBINED = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+
+
+def combined(comm: Any, x: torch.Tensor) -> Tensors:
+    """Several cases in one graph: ops of different kinds interleaved with compute."""
+    by_name = {case.name: case.fn for case in CASES}
+    out: list[torch.Tensor] = []
+    for name in COMBINED:
+        out.extend(by_name[name](comm, x + len(out)))
+    return tuple(out)

@@ -1,0 +1,329 @@
+"""torch.compile of communicator calls (issue 16), on real ranks over shm and tcp.
+
+Each task runs on freshly spawned ranks that inherit ``TORCHCOMMS_PATCH_FOR_COMPILE=1``
+from this process (the flag is read when torch imports torchcomms, at process start, so
+the pooled workers, started without it, cannot be used).  A rank runs every case of
+``tests/compile_cases.py`` eagerly and then compiled with ``fullgraph=True`` (twice: the
+second call must reuse the graph), compares the results bit for bit (integer-valued
+data), and counts graphs with a ``CompileCounterWithBackend`` (exactly one per case) and
+graph breaks with ``torch._dynamo.utils.counters`` (none).
+
+The default run compiles, at world 2 over shm (Inductor) and world 3 over tcp
+(``aot_eager``: Dynamo, AOTAutograd and functionalization without Inductor's codegen, to
+keep the 3-rank run short on 2 cores), one graph covering five cases and one graph for each
+of the other four; then the autograd cases, what reaches the eager path (hints, timeouts,
+hooks, an unwaited async op) and the flag unset.  ``-m compile_matrix`` compiles every
+case on its own with Inductor at worlds 2 and 3 over both transports.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+
+from tests import compile_cases
+from tests.harness import RankContext, run_ranks
+from torchcomms import ReduceOp, new_comm
+
+CPU = torch.device("cpu")
+COMM_TIMEOUT = timedelta(seconds=60)
+FLAG = "TORCHCOMMS_PATCH_FOR_COMPILE"
+
+
+def _enabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FLAG, "1")
+    monkeypatch.delenv("TORCHCOMMS_COMPILE_IGNORE_PYTORCH_VERSION_REQUIREMENT", raising=False)
+
+
+def _comm(ctx: RankContext, transport: str, name: str) -> Any:
+    return new_comm(
+        "gloo",
+        CPU,
+        name=name,
+        store=ctx.store,
+        timeout=COMM_TIMEOUT,
+        hints={"transport": transport},
+    )
+
+
+def _diff(label: str, eager: tuple[torch.Tensor, ...], got: tuple[torch.Tensor, ...]) -> list[str]:
+    if len(eager) != len(got):
+        return [f"{label}: {len(got)} results, eager gave {len(eager)}"]
+    bad = []
+    for i, (e, g) in enumerate(zip(eager, got, strict=True)):
+        if e.dtype != g.dtype or e.shape != g.shape or not torch.equal(e, g):
+            bad.append(f"{label}[{i}]: got {g.tolist()}, eager gave {e.tolist()}")
+    return bad
+
+
+def _graph_breaks() -> int:
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
+
+
+def compile_rank(
+    ctx: RankContext, transport: str, names: list[str], backend: str
+) -> dict[str, Any]:
+    """Run the named cases (``"combined"``: one graph of several) eager, then compiled."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    import torchcomms.functional as functional
+
+    comm = _comm(ctx, transport, f"compile_{transport}")
+    rank, size = comm.get_rank(), comm.get_size()
+    fns = {case.name: (case.fn, case.inputs) for case in compile_cases.CASES}
+    fns["combined"] = (compile_cases.combined, fns["all_reduce"][1])
+    report: dict[str, Any] = {
+        "class": type(comm).__name__,
+        "enabled": functional.is_torch_compile_supported_and_enabled(),
+        "failures": [],
+        "frames": {},
+        "checked": 0,
+    }
+    for name in names:
+        fn, inputs = fns[name]
+        eager = fn(comm, *inputs(rank, size))
+        counter = CompileCounterWithBackend(backend)
+        compiled = torch.compile(fn, fullgraph=True, backend=counter)
+        for call in range(2):
+            got = compiled(comm, *inputs(rank, size))
+            report["failures"] += _diff(f"{name} call {call}", eager, got)
+            report["checked"] += len(got)
+        report["frames"][name] = counter.frame_count
+    report["graph_breaks"] = _graph_breaks()
+    comm.finalize()
+    return report
+
+
+def _check(reports: list[dict[str, Any]], names: list[str]) -> None:
+    for rank, report in enumerate(reports):
+        assert report["class"] == "TraceableTorchComm", (rank, report["class"])
+        assert report["enabled"] is True
+        assert report["failures"] == [], f"rank {rank}: {report['failures']}"
+        assert report["frames"] == dict.fromkeys(names, 1), f"rank {rank}: {report['frames']}"
+        assert report["graph_breaks"] == 0
+        assert report["checked"] > 0
+
+
+def test_combined_graph_shm_world2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Most ops (all_reduce incl. PREMUL_SUM, all_gather*, reduce_scatter*, all_to_all*,
+    send/recv, barrier) in one graph, compiled by Inductor, called twice."""
+    _enabled(monkeypatch)
+    names = ["combined", "reduce", "broadcast", "scatter_gather", "batch"]
+    reports = run_ranks(compile_rank, 2, "shm", names, "inductor", timeout=600.0, fresh=True)
+    _check(reports, names)
+
+
+def test_combined_graph_tcp_world3(monkeypatch: pytest.MonkeyPatch) -> None:
+    _enabled(monkeypatch)
+    names = ["combined", "reduce", "broadcast", "scatter_gather", "batch"]
+    reports = run_ranks(compile_rank, 3, "tcp", names, "aot_eager", timeout=600.0, fresh=True)
+    _check(reports, names)
+
+
+CASE_NAMES = [case.name for case in compile_cases.CASES]
+
+
+@pytest.mark.compile_matrix
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_every_case_compiled_alone(
+    monkeypatch: pytest.MonkeyPatch, world_size: int, transport: str
+) -> None:
+    _enabled(monkeypatch)
+    reports = run_ranks(
+        compile_rank, world_size, transport, CASE_NAMES, "inductor", timeout=900.0, fresh=True
+    )
+    _check(reports, CASE_NAMES)
+
+
+def test_cases_cover_every_op() -> None:
+    from torchcomms.functional.opaque import OPERATIONS
+
+    covered = {op for case in compile_cases.CASES for op in case.covers}
+    assert covered == set(OPERATIONS)
+
+
+# -- autograd -------------------------------------------------------------------------------------
+def autograd_rank(ctx: RankContext, transport: str) -> dict[str, Any]:
+    """Gradients through waits, and a leaf that requires grad written in place, as eager."""
+    comm = _comm(ctx, transport, "compile_grad")
+    rank = comm.get_rank()
+    out: dict[str, Any] = {}
+    compiled = torch.compile(compile_cases.autograd, fullgraph=True, backend="aot_eager")
+    grads = []
+    for fn in (compile_cases.autograd, compiled, compiled):
+        x = (torch.arange(4.0) + rank).requires_grad_()
+        (loss,) = fn(comm, x)
+        loss.backward()
+        grads.append((float(loss), x.grad.clone()))
+    out["losses"] = [g[0] for g in grads]
+    out["grads_equal"] = all(torch.equal(grads[0][1], g[1]) for g in grads[1:])
+    # y = 3x, all_reduce, z = y*y: dz/dx = 2 * y_reduced * 3 (the all_reduce as identity)
+    out["grad"] = grads[0][1].tolist()
+
+    def leaf_write(comm: Any, leaf: torch.Tensor) -> torch.Tensor:
+        comm.all_reduce(leaf, ReduceOp.SUM, False)
+        return leaf * 2
+
+    leaf_compiled = torch.compile(leaf_write, fullgraph=True, backend="aot_eager")
+    seen = []
+    for fn in (leaf_write, leaf_compiled):
+        leaf = torch.ones(3, requires_grad=True)
+        result = fn(comm, leaf)
+        result.sum().backward()
+        seen.append(
+            (leaf.is_leaf, leaf.grad_fn is None, leaf.detach().tolist(), leaf.grad.tolist())
+        )
+    out["leaf"] = seen
+    comm.finalize()
+    return out
+
+
+def test_autograd_through_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    _enabled(monkeypatch)
+    reports = run_ranks(autograd_rank, 2, "shm", timeout=600.0, fresh=True)
+    for rank, report in enumerate(reports):
+        assert report["grads_equal"], report
+        assert len(set(report["losses"])) == 1, report
+        # x_r = arange(4) + r; y = 3 * sum_r x_r = 3 * (2 * arange(4) + 1); grad = 6 * y
+        expected = [6.0 * 3 * (2 * i + 1) for i in range(4)]
+        assert report["grad"] == expected, (rank, report["grad"])
+        eager_leaf, compiled_leaf = report["leaf"]
+        assert eager_leaf == compiled_leaf == (True, True, [2.0, 2.0, 2.0], [2.0, 2.0, 2.0])
+
+
+# -- the flag unset --------------------------------------------------------------------------------
+def unset_rank(ctx: RankContext) -> dict[str, Any]:
+    import torchcomms
+    from torchcomms.comm import TorchComm
+
+    comm = _comm(ctx, "auto", "compile_unset")
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = x + 1
+        comm.all_reduce(y, ReduceOp.SUM, False)
+        return y * 2
+
+    x = torch.arange(4.0)
+    eager = f(x)
+    # Without the patch Dynamo treats the call as ordinary Python (graph breaks where it
+    # cannot trace): what matters here is that the result is eager's.
+    graph_break = torch.compile(f, backend="eager")(x)
+    out = {
+        "class_is_torchcomm": type(comm) is TorchComm,
+        "enabled": torchcomms.functional.is_torch_compile_supported_and_enabled(),
+        "opaque_imported": "torchcomms.functional.opaque" in sys.modules,
+        "ops_defined": hasattr(torch.ops.torchcomms, "all_reduce_"),
+        "equal": torch.equal(eager, graph_break),
+        "eager": eager.tolist(),
+    }
+    comm.finalize()
+    return out
+
+
+def test_flag_unset_runs_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(FLAG, raising=False)
+    reports = run_ranks(unset_rank, 2, timeout=300.0, fresh=True)
+    for report in reports:
+        assert report["class_is_torchcomm"] and not report["enabled"], report
+        assert not report["opaque_imported"] and not report["ops_defined"], report
+        assert report["equal"] and report["eager"] == [4.0, 8.0, 12.0, 16.0], report
+
+
+# -- hints, timeouts, hooks: what the compiled call hands the eager path --------------------------
+class _Seen:
+    """An internal observer (``torchcomms.oprecord``): the timeout each op ran with."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[str, float, bool]] = []
+
+    def op_scheduled(self, record: Any) -> None:
+        self.ops.append((record.name.name, record.timeout.total_seconds(), record.async_op))
+
+    def op_finished(self, record: Any) -> None:
+        pass
+
+
+T7 = timedelta(seconds=7)
+BAD_TAG = {"tag": "x"}
+
+
+def _with_options(comm: Any, x: torch.Tensor) -> torch.Tensor:
+    comm.all_reduce(x, ReduceOp.SUM, True, timeout=T7).wait()
+    comm.broadcast(x, 0, False, hints={"tag": "1"})
+    return x + 1
+
+
+def _bad_hint(comm: Any, x: torch.Tensor) -> torch.Tensor:
+    peer = 1 - comm.get_rank()
+    comm.send(x, peer, False, hints=BAD_TAG)
+    return x
+
+
+def _never_waited(comm: Any, x: torch.Tensor) -> torch.Tensor:
+    comm.all_reduce(x, ReduceOp.SUM, True)
+    return x + 1
+
+
+def options_rank(ctx: RankContext) -> dict[str, Any]:
+    comm = _comm(ctx, "shm", "compile_options")
+    seen = _Seen()
+    comm._add_observer(seen)
+    pre: list[tuple[str, bool]] = []
+    hook = comm.register_pre_hook(lambda name, op_id, args: pre.append((name.name, args.async_op)))
+    compiled = torch.compile(_with_options, fullgraph=True, backend="aot_eager")
+    result = compiled(comm, torch.ones(3)).tolist()
+    try:
+        torch.compile(_bad_hint, fullgraph=True, backend="aot_eager")(comm, torch.ones(3))
+        bad = "no error"
+    except Exception as exc:  # the eager path's validation, raised from the graph
+        bad = f"{type(exc).__name__}: {exc}"
+    hook.remove()
+    unwaited = torch.compile(_never_waited, fullgraph=True, backend="aot_eager")
+    x = torch.ones(2)
+    first = unwaited(comm, x).tolist()  # x is not written: the work was never waited
+    try:
+        unwaited(comm, x)
+        again = "no error"
+    except RuntimeError as exc:
+        again = str(exc)
+    comm.barrier(False)  # the abandoned all_reduce ran on every rank
+    child = comm.split([1, 0], "compile_child")  # a split child is traceable too
+    assert child is not None
+    child_result = torch.compile(_with_options, fullgraph=True, backend="aot_eager")(
+        child, torch.full((3,), float(child.get_rank()))
+    ).tolist()
+    child_class = type(child).__name__
+    child.finalize()
+    comm.finalize()
+    return {
+        "seen": seen.ops,
+        "pre": pre,
+        "result": result,
+        "bad": bad,
+        "unwaited": (first, x.tolist(), again),
+        "child": (child_class, child_result),
+    }
+
+
+def test_hints_timeouts_and_hooks_reach_the_eager_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    _enabled(monkeypatch)
+    reports = run_ranks(options_rank, 2, timeout=300.0, fresh=True)
+    for report in reports:
+        assert report["result"] == [3.0, 3.0, 3.0]
+        default = COMM_TIMEOUT.total_seconds()
+        assert report["seen"][:2] == [("all_reduce", 7.0, True), ("broadcast", default, False)]
+        assert report["pre"][:2] == [("all_reduce", True), ("broadcast", False)]
+        assert "CommValidationError" in report["bad"], report["bad"]
+        assert "send/recv hint 'tag' must be an integer, got 'x'" in report["bad"]
+        first, x_after, again = report["unwaited"]
+        assert first == [2.0, 2.0] and x_after == [1.0, 1.0]
+        assert "issued again at the same call site before the work of its previous run" in again
+        # child ranks 0, 1 = parent ranks 1, 0; all_reduce of (0, 1) then broadcast, + 1
+        assert report["child"] == ("TraceableTorchComm", [2.0, 2.0, 2.0])
