@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.harness import RankContext, RankFailure, run_ranks
+from tests.harness import REPO_ROOT, RankContext, RankFailure, run_ranks, run_torchrun
 from torchcomms import (
     CommStateError,
     CommTimeoutError,
@@ -352,3 +352,11 @@ def test_peer_killed_during_wait_signal_is_named(tmp_path: Path) -> None:
         assert "peer rank 2 died (process gone)" in seen["text"], seen
         assert seen["ranks"] == [2] and seen["s"] < 10, seen
         assert seen["after"] == 5.0 + (1 - r), seen
+
+
+def test_weight_sync_example_runs_under_torchrun() -> None:
+    proc = run_torchrun([str(Path(REPO_ROOT) / "examples" / "window_weight_sync.py")], nproc=3)
+    assert proc.returncode == 0, proc.stdout
+    assert "window_weight_sync OK: 2 readers hold the trainer's weights after 5 steps" in (
+        proc.stdout
+    ), proc.stdout
