@@ -360,3 +360,30 @@ def test_weight_sync_example_runs_under_torchrun() -> None:
     assert "window_weight_sync OK: 2 readers hold the trainer's weights after 5 steps" in (
         proc.stdout
     ), proc.stdout
+
+
+def _bench_cases(ctx: RankContext) -> list[str]:
+    """The bench's put/get cases: correct output -> #wrong 0; corrupted -> seen."""
+    from torchcomms.bench import ops
+
+    comm = new_comm("gloo", CPU, name="win_bench_check", store=ctx.store)
+    seen = []
+    for spec in ops.resolve(["put", "get"]):
+        for dtype in (torch.float32, torch.int64):
+            case = spec.build(ops.CaseParams(ctx.rank, ctx.world_size, 33, dtype, "sum", 0, False))
+            for _ in range(2):
+                case.reset()
+                case.ours(comm)
+                assert case.wrong() == 0, (spec.name, dtype)
+            if spec.checked_rank(ctx.world_size, 0) == ctx.rank:
+                case.corrupt()
+                assert case.wrong() == 1, (spec.name, dtype)
+            seen.append(f"{spec.name} {dtype}")
+    comm.barrier(False)
+    comm.finalize()
+    return seen
+
+
+def test_bench_window_cases_check_their_output() -> None:
+    results = run_ranks(_bench_cases, 3, timeout=120)
+    assert results[0] == results[2] and len(results[0]) == 4
