@@ -35,12 +35,14 @@ from torchcomms import (
     CommStateError,
     CommTimeoutError,
     CommValidationError,
+    OpName,
     ReduceOp,
     TorchComm,
     TorchCommWinAccessType,
     TorchCommWindow,
     new_comm,
 )
+from torchcomms._comms import NewWindowPreHookArgs
 
 CPU = torch.device("cpu")
 UNIFIED = TorchCommWinAccessType.WIN_ACCESS_TYPE_UNIFIED
@@ -226,7 +228,14 @@ def _errors(ctx: RankContext, placement: str) -> None:
     comm = make_comm(ctx, f"win_err_{placement}", hosts, {})
     r, peer = ctx.rank, 1 - ctx.rank
     prefix = f"comm=win_err_{placement} rank={r}]"
+    calls: list[Any] = []
+    pre = comm.register_pre_hook(lambda name, op_id, args: calls.append((name, op_id, args)))
+    post = comm.register_post_hook(lambda op_id, args: calls.append(("post", op_id, args)))
     win = comm.new_window()
+    pre.remove()
+    post.remove()
+    assert [c[0] for c in calls] == [OpName.new_window, "post"] and calls[0][1] == calls[1][1]
+    assert isinstance(calls[0][2], NewWindowPreHookArgs) and calls[1][2].window is win
     for call in (
         lambda: win.put(torch.ones(2), peer, 0, False),
         lambda: win.get(torch.ones(2), peer, 0, False),

@@ -234,10 +234,12 @@ class TorchComm(CommOps):
         """
         self._checker("new_window")
         op_id, _ = self._begin(OpName.new_window, hook_args.NewWindowPreHookArgs(), None, None)
-        impl = self._backend.new_window(None)
-        window = TorchCommWindow(self, impl) if isinstance(impl, WindowBackend) else impl
-        if tensor is not None:
-            window.tensor_register(tensor)
+        impl = self._backend.new_window(tensor)
+        window = impl
+        if isinstance(impl, WindowBackend):  # built-in: the window registers ``tensor`` itself
+            window = TorchCommWindow(self, impl)
+            if tensor is not None:
+                window.tensor_register(tensor)
         self._run_post_hooks(op_id, hook_args.NewWindowPostHookArgs(window))
         return window
 

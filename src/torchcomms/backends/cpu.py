@@ -280,7 +280,8 @@ class TorchCommGloo(CommBackend):
 
     # -- windows -------------------------------------------------------------------------------
     def new_window(self, tensor: torch.Tensor | None = None) -> CpuWindow:
-        """A window matched across ranks by creation order (``cpu_window``)."""
+        """A window matched across ranks by creation order (``cpu_window``); ``TorchComm``
+        registers ``tensor`` through the public window (validation first)."""
         self._transport()
         me = self._peers[self._rank][0]
         shm = config.transport(self._hints.get("transport")) != "tcp"

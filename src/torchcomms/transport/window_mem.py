@@ -16,7 +16,8 @@ signals it consumed per source in private memory.
 Ordering: a put is written (by torch copies) before the counter store that signals it,
 and the waiter loads the counter before it reads the data; x86-64's total store order
 keeps both in order (the backend uses shared memory only on x86-64, as the shm transport
-does).  The "asleep" handshake needs a full barrier (a locked instruction), see ``_fence``.
+does), and a full barrier before the counter store also drains non-temporal stores that
+a large copy may end with.  The "asleep" handshake needs a full barrier (a locked instruction), see ``_fence``.
 
 Waiting (``SignalBlock.wait``) follows the shm transport's policy (``WaitPolicy``): a short
 spin when every rank has a core, yielding for ``yield_s``, then futex dozes of at most
@@ -75,6 +76,9 @@ class SignalBlock:
         """One more signal from ``src`` (its only writer), then wake the owner if it sleeps."""
         flags = self.flags
         i = (1 + src) * _Q
+        # A large copy may end in non-temporal stores, which store order does not cover:
+        # a locked instruction drains them before the counter says the data is there.
+        _fence()
         flags[i] = flags[i] + 1
         _fence()  # the counter store before the read of "asleep" (else a lost wake-up)
         if flags[_ASLEEP]:

@@ -17,6 +17,8 @@ only after every put sent before it has been written.
 
 **Failures.**  A connection that ends without ``BYE`` means the peer's process is gone:
 the server adds it to ``dead`` (read by waits on any thread; a set replaced whole).  A
+frame that stalls for ``_FRAME_S`` (a stopped peer) drops the connection without calling
+the peer dead; its later ops fail on the broken link.  A
 client waiting for an answer checks the deadline and the liveness callback every
 ``SLICE_S``.  A target window that is unknown (never registered or deregistered) cannot
 be written: the server drops the payload and answers a GET with an error status.
@@ -195,6 +197,16 @@ class WindowServer:
             elif op == FLUSH:
                 conn.sendall(_REPLY.pack(0, 0))
             return True
+        except TimeoutError:
+            # A frame that stalls (a stopped peer, or one that abandoned a get's answer):
+            # drop the connection, so the peer's later ops fail, but it is not dead.
+            logger.warning(
+                "rank %d dropped its window connection from rank %d: a frame stalled for %g s",
+                self.rank,
+                peer,
+                _FRAME_S,
+            )
+            return False
         except OSError:
             self._lost(peer)
             return False
