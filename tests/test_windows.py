@@ -22,6 +22,7 @@ import copy
 import json
 import os
 import signal
+import socket
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -43,6 +44,9 @@ from torchcomms import (
     new_comm,
 )
 from torchcomms._comms import NewWindowPreHookArgs
+from torchcomms.transport import window_tcp
+from torchcomms.transport.window_mem import WindowMemory
+from torchcomms.transport.window_tcp import WindowServer
 
 CPU = torch.device("cpu")
 UNIFIED = TorchCommWinAccessType.WIN_ACCESS_TYPE_UNIFIED
@@ -396,3 +400,27 @@ def _bench_cases(ctx: RankContext) -> list[str]:
 def test_bench_window_cases_check_their_output() -> None:
     results = run_ranks(_bench_cases, 3, timeout=120)
     assert results[0] == results[2] and len(results[0]) == 4
+
+
+def test_window_server_keeps_frames_that_arrive_with_the_hello() -> None:
+    """A peer's first frames may sit behind its hello in the socket buffer (its put can
+    follow the registration before the server thread accepted): none may be lost."""
+    mem = WindowMemory.create(2, 16, shared=False)
+    server = WindowServer(0, "127.0.0.1", "hello_test")
+    try:
+        server.add(7, mem.data, mem.signals)
+        payload = bytes(range(1, 17))
+        hello = f"WIN {server.token} 1\n".encode()
+        frames = window_tcp._HEAD.pack(window_tcp.PUT, 7, 0, 16) + payload
+        frames += window_tcp._HEAD.pack(window_tcp.SIGNAL, 7, 0, 0)
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(hello + frames)  # one segment: hello and frames arrive together
+            give_up = time.monotonic() + 10
+            while mem.signals.count(1) < 1 and time.monotonic() < give_up:
+                time.sleep(0.001)
+            assert mem.signals.count(1) == 1
+            assert bytes(mem.data.numpy()) == payload
+            assert server.dead == frozenset()
+    finally:
+        server.close()
+        mem.release()

@@ -144,8 +144,10 @@ class WindowServer:
         conn.settimeout(_FRAME_S)
         line = b""
         try:
+            # One byte at a time: the peer's first frames may already follow its hello in
+            # the socket buffer, and they must stay there.
             while not line.endswith(b"\n") and len(line) < 128:
-                chunk = conn.recv(128 - len(line))
+                chunk = conn.recv(1)
                 if not chunk:
                     break
                 line += chunk
