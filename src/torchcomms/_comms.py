@@ -28,7 +28,10 @@ from torchcomms.types import (
     RedOpType,
     ReduceOp,
     Timeout,
+    TorchCommWinAccessType,
+    TorchCommWindowAttr,
 )
+from torchcomms.window import TorchCommWindow
 from torchcomms.work import TorchWork, WorkStatus
 
 register_backend("fake", TorchCommFake)
@@ -47,6 +50,9 @@ __all__ = [
     "TorchComm",
     "TorchCommBackend",
     "TorchCommFake",
+    "TorchCommWinAccessType",
+    "TorchCommWindow",
+    "TorchCommWindowAttr",
     "TorchWork",
     "WorkStatus",
     "_BackendWrapper",

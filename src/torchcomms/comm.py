@@ -24,12 +24,14 @@ import torch
 from torchcomms import config, hook_args, registry
 from torchcomms.backends import plugin
 from torchcomms.backends.base import TorchCommBackend
+from torchcomms.backends.window_contract import WindowBackend
 from torchcomms.comm_core import FINALIZE_OP_ID, RemovableHandle
 from torchcomms.comm_ops import BatchSendRecv, CommOps
 from torchcomms.errors import CommStateError
 from torchcomms.oprecord import OpObserver
 from torchcomms.state import CommState
 from torchcomms.types import AbortReason, CommOptions, OpName
+from torchcomms.window import TorchCommWindow
 from torchcomms.work import TorchWork
 
 __all__ = [
@@ -226,7 +228,21 @@ class TorchComm(CommOps):
         return work
 
     def new_window(self, tensor: torch.Tensor | None = None) -> Any:
-        return self._backend.new_window(tensor)
+        """A one-sided window on this comm (``torchcomms.window``); with ``tensor``, registered.
+
+        Every rank creates its windows in the same order (a window is matched across ranks
+        by that order); with ``tensor`` the call is collective (``tensor_register``).
+        """
+        self._checker("new_window")
+        op_id, _ = self._begin(OpName.new_window, hook_args.NewWindowPreHookArgs(), None, None)
+        impl = self._backend.new_window(tensor)
+        window = impl
+        if isinstance(impl, WindowBackend):  # built-in: the window registers ``tensor`` itself
+            window = TorchCommWindow(self, impl)
+            if tensor is not None:
+                window.tensor_register(tensor)
+        self._run_post_hooks(op_id, hook_args.NewWindowPostHookArgs(window))
+        return window
 
     def tensor_register(self, tensor: torch.Tensor) -> None:
         self._backend.tensor_register(tensor)

@@ -257,3 +257,22 @@ class OpOptions:
         self.hints = hints or {}
         self.op_name = op_name
         self.op_id = op_id
+
+
+class TorchCommWinAccessType(enum.Enum):
+    """How a window reaches a peer's buffer: directly (same host) or through the network."""
+
+    WIN_ACCESS_TYPE_UNIFIED = 0
+    WIN_ACCESS_TYPE_SEPARATE = 1
+
+
+class TorchCommWindowAttr:
+    """What ``TorchCommWindow.get_attr(peer_rank)`` returns."""
+
+    __slots__ = ("access_type",)
+
+    def __init__(self, access_type: TorchCommWinAccessType) -> None:
+        self.access_type = access_type
+
+    def __repr__(self) -> str:
+        return f"TorchCommWindowAttr(access_type={self.access_type})"

@@ -29,10 +29,12 @@ import torch
 import torch._C._distributed_c10d as c10d
 
 from torchcomms import bootstrap, config
-from torchcomms.backends import cpu_connect, cpu_errors, cpu_transport
+from torchcomms.backends import cpu_connect, cpu_errors, cpu_shm, cpu_transport
 from torchcomms.backends._host import CPU_DTYPES
 from torchcomms.backends.contract import CommBackend
 from torchcomms.backends.cpu_ops import Completion, CpuOps
+from torchcomms.backends.cpu_window import CpuWindow, WindowContext
+from torchcomms.backends.window_net import WindowNet
 from torchcomms.bootstrap import CommStore
 from torchcomms.deadline import Deadline
 from torchcomms.errors import (
@@ -43,6 +45,7 @@ from torchcomms.errors import (
 )
 from torchcomms.executor import OpExecutor
 from torchcomms.state import CommState
+from torchcomms.transport import gloo
 from torchcomms.types import CommOptions, OpOptions, P2POp, P2POpType, ReduceOp
 from torchcomms.work import AsyncWork, CompletedWork, TorchWork
 
@@ -102,6 +105,8 @@ class TorchCommGloo(CommBackend):
         self._hints: dict[str, str] = {}
         #: How this comm moves bytes, e.g. "tcp (loopback: all ranks on this host)".
         self.transport = ""
+        self._window_count = 0
+        self._window_net: WindowNet | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     def init(self, device: torch.device, name: str, options: CommOptions) -> None:
@@ -193,6 +198,9 @@ class TorchCommGloo(CommBackend):
         executor, self._executor = self._executor, None
         if executor is not None:
             executor.close(join_timeout_s)
+        net, self._window_net = self._window_net, None
+        if net is not None:
+            net.close()
         ops, self._ops = self._ops, None
         if ops is not None:
             ops.close(failed=self._status.cause is not None or self._status.aborted)
@@ -269,6 +277,41 @@ class TorchCommGloo(CommBackend):
 
     def get_init_handle(self) -> str:
         return f"gloo:{self._rank}:-1:"
+
+    # -- windows -------------------------------------------------------------------------------
+    def new_window(self, tensor: torch.Tensor | None = None) -> CpuWindow:
+        """A window matched across ranks by creation order (``cpu_window``); ``TorchComm``
+        registers ``tensor`` through the public window (validation first)."""
+        self._transport()
+        me = self._peers[self._rank][0]
+        shm = config.transport(self._hints.get("transport")) != "tcp"
+        shm = shm and cpu_shm.unsupported_reason() is None
+        ctx = WindowContext(
+            rank=self._rank,
+            size=self._size,
+            pids=[pid for _, pid in self._peers],
+            unified=[shm and host == me for host, _ in self._peers],
+            run=self._run,
+            prefix=self._prefix,
+            ops=self._transport,
+            net=self._net,
+        )
+        self._window_count += 1
+        return CpuWindow(ctx, self._window_count)
+
+    def _net(self) -> WindowNet:
+        """The comm's window server and links, started at the first registration needing them."""
+        net = self._window_net
+        if net is None:
+            assert self._store is not None
+            hosts = {host for host, _ in self._peers}
+            bind = (
+                "127.0.0.1"
+                if len(hosts) == 1
+                else gloo.reachable_address(self._store.store, self._hints.get("hostname"))
+            )
+            net = self._window_net = WindowNet(self._rank, bind, self._name)
+        return net
 
     # -- split ---------------------------------------------------------------------------------
     def split(self, ranks: list[int], name: str, options: CommOptions) -> TorchCommGloo:

@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--op",
         default=",".join(ops.OPS),
-        help=f"comma-separated ops (default all: {','.join(ops.OPS)})",
+        help=f"comma-separated ops (default all: {','.join(ops.OPS)}; "
+        "the window ops put,get run only when named)",
     )
     p.add_argument(
         "--vs", choices=("gloo",), help="also time raw ProcessGroupGloo (alternating blocks)"

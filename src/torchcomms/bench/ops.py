@@ -19,6 +19,7 @@ import torch
 import torch._C._distributed_c10d as c10d
 
 from torchcomms import ReduceOp, TorchComm
+from torchcomms.bench import window_ops
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -482,10 +483,49 @@ _TABLE = (
     ),
 )
 
+
+def _build_put(p: CaseParams) -> Case:
+    return Case(*window_ops.build_put(p.rank, p.count, p.dtype))
+
+
+def _build_get(p: CaseParams) -> Case:
+    return Case(*window_ops.build_get(p.rank, p.count, p.dtype))
+
+
+#: One-sided window ops: run only when named (``--op put,get``), not by default.
+_WINDOW_TABLE = (
+    OpSpec(
+        name="put",
+        factor_text="1",
+        busbw_factor=lambda n: 1.0,
+        traffic_text="2",
+        traffic=lambda n: 2.0,
+        build=_build_put,
+        placements=(False,),
+        min_ranks=2,
+        time_divisor=2,
+        checked_rank=lambda n, root: 0,
+        aliases=("window_put",),
+    ),
+    OpSpec(
+        name="get",
+        factor_text="1",
+        busbw_factor=lambda n: 1.0,
+        traffic_text="2",
+        traffic=lambda n: 2.0,
+        build=_build_get,
+        placements=(False,),
+        min_ranks=2,
+        checked_rank=lambda n, root: 0,
+        aliases=("window_get",),
+    ),
+)
+
+#: The ops of the default run.
 OPS: dict[str, OpSpec] = {spec.name: spec for spec in _TABLE}
 ALIASES: dict[str, str] = {
-    **{spec.name: spec.name for spec in _TABLE},
-    **{alias: spec.name for spec in _TABLE for alias in spec.aliases},
+    **{spec.name: spec.name for spec in (*_TABLE, *_WINDOW_TABLE)},
+    **{alias: spec.name for spec in (*_TABLE, *_WINDOW_TABLE) for alias in spec.aliases},
 }
 
 
@@ -495,6 +535,7 @@ def resolve(names: list[str]) -> list[OpSpec]:
     for name in names:
         key = name.strip().lower()
         if key not in ALIASES:
-            raise ValueError(f"unknown op {name!r} (choose from {', '.join(OPS)})")
+            choices = ", ".join([*OPS, *(spec.name for spec in _WINDOW_TABLE)])
+            raise ValueError(f"unknown op {name!r} (choose from {choices})")
         wanted.add(ALIASES[key])
-    return [spec for spec in _TABLE if spec.name in wanted]
+    return [spec for spec in (*_TABLE, *_WINDOW_TABLE) if spec.name in wanted]
