@@ -5,6 +5,9 @@ process is stopped (SIGSTOP) or merely busy holds the connection and counts as a
 a killed process's port refuses, and a closed listener too.  And the ring itself: a
 ``Liveness`` of a two-"host" communicator answers, and ``mark_dead`` refuses to declare a
 member dead while it answers (the confused-peer case of the ``closed`` chaos fault).
+Then what a gloo wait raises when a lane peer's connection ends (``GlooWaiter.gone``):
+"closed its connection" while the peer answers, "died" once it does not, and a peer's
+``FAILED dead r`` about a rank this one sees alive blames that rank as failed.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ import time
 import torch.distributed as dist
 
 from torchcomms.backends.cpu_liveness import Liveness
+from torchcomms.backends.gloo_waits import GlooWaiter
 from torchcomms.backends.liveness_probe import probe
+from torchcomms.transport.tcp_lane import LanePeerGone
 
 _SILENT_LISTENER = (
     "import socket, sys, time\n"
@@ -55,13 +60,12 @@ def test_a_silent_or_stopped_listener_is_alive_and_a_killed_one_is_gone() -> Non
         proc.wait(10)
 
 
-def test_an_unreachable_address_is_unknown_not_dead() -> None:
-    # TEST-NET-1 (RFC 5737): routed nowhere, so the connect times out (or is unroutable).
-    assert probe(("192.0.2.1", 9), timeout_s=0.2) in (None, False)
+def test_a_closed_port_is_gone_and_an_address_it_cannot_try_is_unknown() -> None:
     closed = socket.create_server(("127.0.0.1", 0))
     port = closed.getsockname()[1]
     closed.close()
     assert probe(("127.0.0.1", port)) is False
+    assert probe(("no-such-host.invalid", 9)) is None  # never resolved: nothing learned
 
 
 def test_a_ring_member_answers_and_is_never_marked_dead_while_it_does() -> None:
@@ -82,6 +86,10 @@ def test_a_ring_member_answers_and_is_never_marked_dead_while_it_does() -> None:
     try:
         assert first.elsewhere() == [1]
         assert first.answers(1) and second.answers(0)
+        waiter = GlooWaiter(0, lambda: list(first.dead), first, lambda: 1)
+        gone = waiter.gone(LanePeerGone(1, None), "all_reduce")  # ended, but it answers
+        assert (gone.kind, gone.ranks) == ("peer_failed", [1]), gone
+        assert "closed its connection" in str(gone)
         assert first.mark_dead([1]) == []  # a claim the probe refutes
         assert first.dead == ()
         second.close()
@@ -90,6 +98,23 @@ def test_a_ring_member_answers_and_is_never_marked_dead_while_it_does() -> None:
             time.sleep(0.05)  # its watcher closes the listener within a period
         assert not first.answers(1)
         assert first.mark_dead([1]) == [1]
+        gone = waiter.gone(LanePeerGone(1, None), "all_reduce")
+        assert (gone.kind, gone.ranks) == ("dead", [1]), gone
+        assert "died (process gone)" in str(gone)
     finally:
         first.close()
         second.close()
+
+
+def test_a_dead_claim_about_a_rank_seen_alive_blames_it_as_failed_not_dead() -> None:
+    me = os.getpid()
+    peers = [("host-a", me), ("host-a", me), ("host-a", me)]  # all local, all alive
+    lv = Liveness(dist.HashStore(), 0, peers, "claims", period_s=0.02)
+    try:
+        waiter = GlooWaiter(0, lambda: list(lv.dead), lv, lambda: 1)
+        gone = waiter.gone(LanePeerGone(2, "FAILED dead 1"), "broadcast")
+        assert (gone.kind, gone.ranks) == ("peer_failed", [1]), gone
+        assert "peer rank 2 reports them dead; this rank sees them alive" in str(gone)
+        assert lv.dead == ()
+    finally:
+        lv.close()

@@ -37,7 +37,8 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch._C._distributed_c10d as c10d
 
@@ -46,6 +47,8 @@ from torchcomms.transport import shm_segment
 from torchcomms.transport.gloo import reachable_address
 
 logger = logging.getLogger("torchcomms.backends.cpu_liveness")
+
+T = TypeVar("T")
 
 #: How often the watcher checks pids and publishes this rank's op sequence number.
 PERIOD_S = 0.05
@@ -143,16 +146,14 @@ class Liveness:
         only: a probe, bounded by about a second; False when it cannot tell)."""
         if self._ring is None or rank in self._pids:
             return False
-        found: list[bool | None] = []
+        ring = self._ring
 
-        def ask() -> None:
-            address = self._ring.address(rank) if self._ring is not None else None
-            found.append(None if address is None else probe(address))
+        def ask() -> bool | None:
+            address = ring.address(rank)
+            return None if address is None else probe(address)
 
-        asker = threading.Thread(target=ask, name="torchcomms-liveness-probe", daemon=True)
-        asker.start()
-        asker.join(_STORE_READ_S)  # the store's host may be behind a cut link
-        return bool(found and found[0])
+        # The store's host may be behind a cut link: never wait on it for long.
+        return bool(_within(_STORE_READ_S, ask, "probe"))
 
     def check_pids(self) -> tuple[int, ...]:
         """Refresh and return ``dead`` from the local peers' pids."""
@@ -176,19 +177,16 @@ class Liveness:
         """
         time.sleep(2 * self._period_s)
         among = [r for r in (range(self.size) if ranks is None else ranks) if r != self.rank]
-        found: list[list[int]] = []
 
-        def read() -> None:
+        def read() -> list[int]:
             values = []
             for r in among:
                 key = f"seq/{r}"
                 values.append(int(self._store.get(key).decode()) if self._store.check([key]) else 0)
-            found.append([r for r, v in zip(among, values, strict=True) if v < seq])
+            return [r for r, v in zip(among, values, strict=True) if v < seq]
 
-        reader = threading.Thread(target=read, name="torchcomms-liveness-read", daemon=True)
-        reader.start()
-        reader.join(_STORE_READ_S)  # a store behind a cut link would block for its timeout
-        return found[0] if found else None
+        # A store behind a cut link would block for its timeout.
+        return _within(_STORE_READ_S, read, "read")
 
     def elsewhere(self) -> list[int]:
         """The members on other hosts than this rank's."""
@@ -196,6 +194,23 @@ class Liveness:
 
     def close(self) -> None:
         self._stop.set()
+
+
+def _within(seconds: float, call: Callable[[], T], what: str) -> T | None:
+    """``call()`` on a daemon thread, given up after ``seconds`` (None; also if it raised).
+
+    For failure-path reads of the store and probes of peers, which a cut link could block
+    for a store's or socket's full timeout; the thread is left to end on its own."""
+    found: list[T] = []
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            found.append(call())
+
+    runner = threading.Thread(target=run, name=f"torchcomms-liveness-{what}", daemon=True)
+    runner.start()
+    runner.join(seconds)
+    return found[0] if found else None
 
 
 class _Conn:

@@ -7,7 +7,9 @@ believes everyone it lost is dead.  So before a remote member is declared dead, 
 failure path only, ``probe`` connects to its liveness listener (``cpu_liveness``) and
 says ``PING``:
 
-* refused, reset or closed: nothing listens there any more, the process is gone;
+* refused, reset or closed: nothing listens there any more, the process is gone (a
+  firewall that rejects the port reads the same: the ring's own connections prove it was
+  reachable when the communicator was built);
 * ``PONG``, or the connection held open in silence (a stopped or busy process: its
   kernel still holds the listener): alive;
 * no connection at all (a cut link, an unreachable host): unknown.
