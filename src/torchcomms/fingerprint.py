@@ -131,11 +131,14 @@ def _redop_name(code: int) -> str:
         return f"op#{code}"
 
 
-def mismatch(by_rank: Sequence[tuple[Fingerprint, int]]) -> tuple[list[int], str] | None:
+def mismatch(
+    by_rank: Sequence[tuple[Fingerprint, int]], labels: Sequence[int] | None = None
+) -> tuple[list[int], str] | None:
     """``(differing ranks, text)`` when the ranks' ``(fingerprint, seq)`` disagree, else None.
 
     The text names the first field that differs and who passed which value, the largest
-    group last: ``rank 1 passed root=1, ranks 0, 2, 3 root=0``.
+    group last: ``rank 1 passed root=1, ranks 0, 2, 3 root=0``.  ``labels``: the rank of
+    each entry (default: its position).
     """
     first = by_rank[0]
     if all(x == first for x in by_rank):
@@ -147,14 +150,15 @@ def mismatch(by_rank: Sequence[tuple[Fingerprint, int]]) -> tuple[list[int], str
             break
     else:  # digests differ with equal fields: a hash collision in the sizes digest
         key, values = "sizes", [fp[2] for fp, _ in by_rank]
+    names = list(labels) if labels is not None else list(range(len(by_rank)))
     groups: dict[str, list[int]] = {}
-    for r, v in enumerate(values):
+    for r, v in zip(names, values, strict=True):
         groups.setdefault(str(v), []).append(r)
-    ordered = sorted(groups.items(), key=lambda g: (-len(g[1]), g[1][0]))
+    ordered = sorted(groups.items(), key=lambda g: (-len(g[1]), min(g[1])))
     majority = ordered[0][1]
-    differing = sorted(r for r in range(len(by_rank)) if r not in majority)
+    differing = sorted(r for r in names if r not in majority)
     parts = [
-        f"{_ranks(rs)} {'passed ' if i == 0 else ''}{key}={v}"
+        f"{_ranks(sorted(rs))} {'passed ' if i == 0 else ''}{key}={v}"
         for i, (v, rs) in enumerate(reversed(ordered))
     ]
     return differing, ", ".join(parts)

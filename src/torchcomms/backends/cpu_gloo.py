@@ -36,19 +36,23 @@ from torchcomms import fingerprint as F
 from torchcomms.backends._host import finish_average, on_host, overlaps
 from torchcomms.backends.cpu_liveness import Liveness
 from torchcomms.backends.cpu_ops import Completion, CpuOps
-from torchcomms.backends.gloo_exchange import Exchange
+from torchcomms.backends.gloo_exchange import HEADER_BYTES, Exchange, decode
+from torchcomms.backends.gloo_mismatch import MismatchReport
 from torchcomms.backends.gloo_waits import GLOO_MARGIN_S, GlooWaiter
-from torchcomms.backends.reductions import reduce_rows
+from torchcomms.backends.reductions import BINARY, BINARY_BOOL, reduce_rows
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
 from torchcomms.transport import gloo, shm_segment
-from torchcomms.transport.tcp_lane import Lane
+from torchcomms.transport.tcp_lane import Lane, LanePeerGone, LaneProtocolError
+from torchcomms.transport.tcp_ring import Check, Combine, Ring, spans
 from torchcomms.types import P2POp, P2POpType, RedOpType, ReduceOp
 
 # gloo tags are 32-bit: sequence numbers and user tags wrap within 2**30 (even / odd halves).
 _TAG_SPAN = 2**30
 
 _EXACT_ORDER_FREE = (RedOpType.MAX, RedOpType.MIN, RedOpType.BAND, RedOpType.BOR)
+#: Ring ops send one chunk per frame, whose lengths are u32: larger ops go to gloo.
+_RING_MAX_CHUNK = 1 << 31
 
 
 #: The payload of an exchange that carries none but must happen (barrier, broadcast's
@@ -63,6 +67,17 @@ def _premultiply(tensor: torch.Tensor, op: ReduceOp) -> None:
 
 def _premultiplied(tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
     return tensor * op.factor_value() if op.type is RedOpType.PREMUL_SUM else tensor
+
+
+def _combiner(op: ReduceOp, dtype: torch.dtype) -> Combine:
+    """``out = mine (op) incoming`` for the ring's reduce-scatter (PREMUL_SUM: premultiplied)."""
+    table = BINARY_BOOL if dtype is torch.bool else BINARY
+    fn = table.get(op.type, torch.add)
+
+    def combine(mine: torch.Tensor, incoming: torch.Tensor, out: torch.Tensor) -> None:
+        fn(mine, incoming, out=out)
+
+    return combine
 
 
 #: Process groups of failed communicators: a gloo call may still run in one, and
@@ -84,6 +99,7 @@ class GlooOps(CpuOps):
         liveness: Liveness | None = None,
         check: bool = True,
         pg_timeout: timedelta = timedelta(seconds=600),
+        store: Any = None,
     ) -> None:
         self.pg = pg
         self.lane = lane
@@ -100,8 +116,10 @@ class GlooOps(CpuOps):
         self._send_seq: dict[int, int] = defaultdict(int)
         self._recv_seq: dict[int, int] = defaultdict(int)
         self._pg_timeout = pg_timeout
+        self.waiter.report = MismatchReport(store, rank, size, self._announce)
         self.exchange = Exchange(lane, rank, size, self.waiter)
         self.inline_max = self.exchange.inline_max
+        self.ring = Ring(lane, HEADER_BYTES)
 
     def describe(self) -> str:
         return f"tcp ({self.device_desc})"
@@ -114,6 +132,11 @@ class GlooOps(CpuOps):
             ("dead", dead) if dead else ("timeout", missing) if missing else ("peer", blamed)
         )
         self.lane.goodbye(f"FAILED {kind if ranks else 'failed'} {','.join(map(str, ranks))}")
+
+    def _announce(self, ranks: list[int], text: str) -> None:
+        """A mismatch, to the ranks that receive from this one (before ``fail``: they may
+        be waiting in a ring op, which only this rank can end)."""
+        self.lane.goodbye(f"FAILED mismatch {','.join(map(str, ranks))} {text}")
 
     def abort(self) -> None:
         self.waiter.aborted = True  # every wait slice checks it
@@ -152,7 +175,57 @@ class GlooOps(CpuOps):
             self.liveness.seq = self.seq
         if payload is None and not self.check:
             return
+        self.waiter.current = (fp, self.seq)
         self.exchange.run(self.seq, fp, deadline, payload)
+
+    # -- ring ops: the header rides in the first frame (``tcp_ring``) --------------------
+    def ringable(self, tensor: torch.Tensor, chunks: int) -> bool:
+        """Whether a large op on ``tensor`` (cut into ``chunks``) runs on the ring."""
+        nbytes = tensor.numel() * tensor.element_size()
+        return tensor.is_contiguous() and nbytes // max(chunks, 1) + 64 < _RING_MAX_CHUNK
+
+    def _ring_enter(self, fp: Fingerprint, what: str) -> tuple[memoryview, Check | None]:
+        """Start a ring collective: its header, and the check of the peer's."""
+        self.seq += 1
+        seq = self.seq
+        if self.liveness is not None:
+            self.liveness.seq = seq
+        self.waiter.current = (fp, seq)
+        header = self.exchange.header(seq, fp)
+        if not self.check:
+            return header, None
+        exchange, report, peer = self.exchange, self.waiter.report, (self.rank + 1) % self.size
+
+        def check(theirs: memoryview) -> None:
+            if exchange.differs(theirs):
+                other = decode(theirs)
+                if other is None:
+                    raise LaneProtocolError(f"rank {peer} sent a frame without an op header")
+                raise report.pairwise(what, (fp, seq), peer, other)
+
+        return header, check
+
+    def _between(self, deadline: Deadline, what: str) -> Any:
+        waiter = self.waiter
+        return lambda: waiter.check(deadline, what)
+
+    def _ring_all_reduce(
+        self, flat: torch.Tensor, op: ReduceOp, fp: Fingerprint, deadline: Deadline
+    ) -> None:
+        header, check = self._ring_enter(fp, "all_reduce")
+        plan = spans(flat.numel(), self.size)
+        first, k = plan[self.rank]
+        between = self._between(deadline, "all_reduce")
+        _premultiply(flat, op)
+        try:
+            self.ring.reduce_scatter(
+                flat, flat[first : first + k], _combiner(op, flat.dtype), header, check,
+                between, in_place=True,
+            )
+            self.ring.all_gather(flat, plan, None, None, between)
+        except LanePeerGone as gone:
+            raise self.waiter.gone(gone, "all_reduce") from None
+        finish_average(flat, op, self.size)
 
     def arm(self, gloo_options: Any, deadline: Deadline) -> None:
         """gloo's own timeout for one call, a backstop past the op's deadline (which ``wait``
@@ -175,6 +248,9 @@ class GlooOps(CpuOps):
                 self.enter(fp, deadline, _premultiplied(host, op))
                 self._reduce_rows(host, op)
                 finish_average(host, op, self.size)
+                return
+            if self.ringable(host, self.size):
+                self._ring_all_reduce(host.view(-1), op, fp, deadline)
                 return
             self.enter(fp, deadline)
             o = c10d.AllreduceOptions()
@@ -255,6 +331,18 @@ class GlooOps(CpuOps):
             if self.inline_reduce(out, op, flat_in.numel() * flat_in.element_size()):
                 self.enter(fp, deadline, _premultiplied(flat_in, op))
                 self._reduce_rows(out, op, self.rank * n)
+                finish_average(out, op, self.size)
+                return
+            if n and self.ringable(flat_in, self.size) and out.is_contiguous():
+                header, check = self._ring_enter(fp, "reduce_scatter")
+                src = _premultiplied(flat_in, op)
+                try:
+                    self.ring.reduce_scatter(
+                        src, out, _combiner(op, out.dtype), header, check,
+                        self._between(deadline, "reduce_scatter"), in_place=False,
+                    )
+                except LanePeerGone as gone:
+                    raise self.waiter.gone(gone, "reduce_scatter") from None
                 finish_average(out, op, self.size)
                 return
             self.enter(fp, deadline)
@@ -396,6 +484,16 @@ class GlooOps(CpuOps):
             self.enter(fp, deadline, src)
             if n:
                 flat.view(self.size, n).copy_(self.exchange.payload(src.dtype, 0, n))
+            return
+        if self.ringable(src, 1) and flat.is_contiguous() and self.size > 1:
+            header, check = self._ring_enter(fp, "all_gather")
+            plan = [(r * n, n) for r in range(self.size)]
+            between = self._between(deadline, "all_gather")
+            try:
+                self.ring.all_gather(flat, plan, header, check, between, own=src)
+            except LanePeerGone as gone:
+                raise self.waiter.gone(gone, "all_gather") from None
+            flat[self.rank * n : (self.rank + 1) * n].copy_(src)
             return
         self.enter(fp, deadline)
         o = c10d.AllgatherOptions()

@@ -153,7 +153,7 @@ class Liveness:
             return None if address is None else probe(address)
 
         # The store's host may be behind a cut link: never wait on it for long.
-        return bool(_within(_STORE_READ_S, ask, "probe"))
+        return bool(within(_STORE_READ_S, ask, "probe"))
 
     def check_pids(self) -> tuple[int, ...]:
         """Refresh and return ``dead`` from the local peers' pids."""
@@ -186,7 +186,7 @@ class Liveness:
             return [r for r, v in zip(among, values, strict=True) if v < seq]
 
         # A store behind a cut link would block for its timeout.
-        return _within(_STORE_READ_S, read, "read")
+        return within(_STORE_READ_S, read, "read")
 
     def elsewhere(self) -> list[int]:
         """The members on other hosts than this rank's."""
@@ -196,7 +196,7 @@ class Liveness:
         self._stop.set()
 
 
-def _within(seconds: float, call: Callable[[], T], what: str) -> T | None:
+def within(seconds: float, call: Callable[[], T], what: str) -> T | None:
     """``call()`` on a daemon thread, given up after ``seconds`` (None; also if it raised).
 
     For failure-path reads of the store and probes of peers, which a cut link could block

@@ -94,7 +94,16 @@ def open_transport(
         c10d.PrefixStore("lv", store), rank, peers, name, config.liveness_period_s()
     )
     flat = GlooOps(
-        pg, lane, rank, size, peers, desc, liveness, config.mismatch_check(), options.timeout
+        pg,
+        lane,
+        rank,
+        size,
+        peers,
+        desc,
+        liveness,
+        config.mismatch_check(),
+        options.timeout,
+        c10d.PrefixStore("mm", store),
     )
     if mode != "tcp" and cpu_hier.wanted(peers) and not cpu_shm.unsupported_reason():
         try:

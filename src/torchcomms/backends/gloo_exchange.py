@@ -23,8 +23,7 @@ from torchcomms import fingerprint as F
 from torchcomms.backends.gloo_waits import GlooWaiter
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
-from torchcomms.transport.fault import WaitError
-from torchcomms.transport.tcp_lane import Lane, LanePeerGone
+from torchcomms.transport.tcp_lane import Lane, LaneOversize, LanePeerGone
 
 _MAGIC = 0x70C0_C0DE
 _HEADER_WORDS = 8  # magic, seq, digest, descriptor, count, 3 spare (int64 each)
@@ -94,6 +93,11 @@ class Exchange:
             )
         except LanePeerGone as gone:
             raise waiter.gone(gone, what) from None
+        except LaneOversize as big:  # the peer runs a ring op (``tcp_ring``): another one
+            theirs = decode(memoryview(big.head))
+            if theirs is None:
+                raise
+            raise waiter.report.pairwise(what, (fp, seq), big.peer, theirs) from None
         got = self._words
         header = mine[1:5]
         for base in self._row_starts:  # the common case: equal headers, a few int compares
@@ -101,7 +105,19 @@ class Exchange:
                 by_rank = [((int(r[2]), int(r[3]), int(r[4])), int(r[1])) for r in self._table]
                 found = F.mismatch(by_rank)
                 bad, text = found if found is not None else ([], "different headers")
-                raise WaitError("mismatch", bad, f"{what}: collective mismatch: {text}")
+                raise waiter.report.full(what, (fp, seq), bad, text)
+
+    def header(self, seq: int, fp: Fingerprint) -> memoryview:
+        """This rank's header for an op that carries it itself (``tcp_ring``)."""
+        mine = self._mine
+        mine[1] = seq
+        mine[2], mine[3], mine[4] = fp
+        start = self.rank * self._row_bytes
+        return self._bytes_view[start : start + HEADER_BYTES]
+
+    def differs(self, theirs: memoryview) -> bool:
+        """Whether a peer's header (``HEADER_BYTES``) is not this rank's (magic to count)."""
+        return theirs.cast("q")[:5] != self._mine[:5]
 
     def payload(self, dtype: torch.dtype, first: int, count: int) -> torch.Tensor:
         """Elements ``first .. first+count`` of every rank's payload: ``[size, count]`` of
@@ -116,3 +132,13 @@ class Exchange:
                 self._views.clear()
             self._views[key] = view
         return view
+
+
+def decode(head: memoryview) -> tuple[Fingerprint, int] | None:
+    """``(fingerprint, seq)`` of a header's bytes, or None if they are not a header."""
+    if len(head) < 40:
+        return None
+    words = head[:40].cast("q")
+    if words[0] != _MAGIC:
+        return None
+    return (words[2], words[3], words[4]), words[1]

@@ -25,7 +25,9 @@ from datetime import timedelta
 from typing import Any
 
 from torchcomms.backends.cpu_liveness import Liveness
+from torchcomms.backends.gloo_mismatch import MismatchReport
 from torchcomms.deadline import Deadline
+from torchcomms.fingerprint import Fingerprint
 from torchcomms.transport.fault import WaitError
 from torchcomms.transport.shm_channel import ranks_text
 from torchcomms.transport.tcp_lane import Lane, LanePeerGone
@@ -63,6 +65,10 @@ class GlooWaiter:
         #: (a peer that failed says whom it blames, so this rank need not time out).
         self.lane = lane
         self._pool: ThreadPoolExecutor | None = None
+        #: Mismatches seen in part (ring ops) made whole (``gloo_mismatch``).
+        self.report = MismatchReport(None, rank, 1)
+        #: ``(fingerprint, seq)`` of the collective in flight, for a relayed mismatch.
+        self.current: tuple[Fingerprint, int] | None = None
 
     def close(self) -> None:
         pool, self._pool = self._pool, None
@@ -158,6 +164,8 @@ class GlooWaiter:
                     f"{ranks_text(ranks)} failed while this rank waited in {what} "
                     "(reported by the peer it waited for)",
                 )
+            if kind == "mismatch":
+                return self.report.relayed(what, self.current, listed, peer)
             if kind == "timeout" and ranks:
                 return WaitError(
                     "timeout",

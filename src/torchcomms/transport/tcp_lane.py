@@ -63,6 +63,16 @@ class LaneProtocolError(RuntimeError):
     """A peer sent bytes that are not a lane frame (another program on the port?)."""
 
 
+class LaneOversize(LaneProtocolError):
+    """A block larger than the exchange's rows: the peer runs another op (a ring op's frame
+    carries more).  ``head`` is the block's first bytes (where a header sits)."""
+
+    def __init__(self, peer: int, length: int, cap: int, head: bytes) -> None:
+        super().__init__(f"rank {peer} sent a block of {length} B (at most {cap} fit)")
+        self.peer = peer
+        self.head = head
+
+
 def rounds(rank: int, size: int) -> list[tuple[int, int]]:
     """``(send_to, recv_from)`` of each round of Bruck's all_gather."""
     out = []
@@ -138,8 +148,34 @@ class _Inbox:
         if self.start == self.end:
             self.start = self.end = 0
 
+    def read_into(self, dst: memoryview) -> int:
+        """Bytes into ``dst``: buffered ones first, then straight from the socket (no copy
+        through the buffer).  How many; 0 when none are there yet; -1 at the end."""
+        held = self.end - self.start
+        if held:
+            n = min(held, len(dst))
+            dst[:n] = self.view[self.start : self.start + n]
+            self.start += n
+            if self.start == self.end:
+                self.start = self.end = 0
+            return n
+        if self.eof:
+            return -1
+        try:
+            got = self.sock.recv_into(dst)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError:
+            got = 0  # reset: the peer is gone
+        if got == 0:
+            self.eof = True
+            return -1
+        return got
 
-class _Round:
+
+class LaneRound:
+    """One round's two connections: ``out`` to ``send_to``, ``inbox`` from ``recv_from``."""
+
     __slots__ = ("inbox", "out", "poller", "recv_from", "send_to")
 
     def __init__(self, send_to: int, recv_from: int, out: socket.socket, inp: socket.socket):
@@ -167,7 +203,7 @@ class Lane:
         #: How long a receive spins before blocking (0: never; see the module docstring).
         self.spin_s = spin_s
         self._rounds = [
-            _Round(to, frm, s, r)
+            LaneRound(to, frm, s, r)
             for (to, frm), s, r in zip(rounds(rank, size), send_socks, recv_socks, strict=True)
         ]
         self._said_goodbye = False
@@ -229,16 +265,19 @@ class Lane:
                 b = (rank + have + j) % size
                 length = _U32.unpack_from(body, at)[0]
                 if length > cap or at + 4 + length > len(body):
-                    raise LaneProtocolError(
-                        f"rank {rd.recv_from} sent a block of {length} B (at most {cap} fit)"
-                    )
+                    head = bytes(body[at + 4 : at + 4 + min(length, 64)])
+                    raise LaneOversize(rd.recv_from, length, cap, head)
                 rows[b * cap : b * cap + length] = body[at + 4 : at + 4 + length]
                 lengths[b] = length
                 at += 4 + length
             inbox.consume()
             have += count
 
-    def _spin(self, rd: _Round) -> memoryview | None:
+    def ring_round(self) -> LaneRound:
+        """Round 0's connections: to ``rank - 1`` and from ``rank + 1`` (``tcp_ring``)."""
+        return self._rounds[0]
+
+    def _spin(self, rd: LaneRound) -> memoryview | None:
         """Read without blocking for up to ``spin_s``: the frame, or None."""
         inbox = rd.inbox
         give_up = time.perf_counter() + self.spin_s
