@@ -84,6 +84,22 @@ def _mismatch_cases(me: int, world: int) -> dict[str, Callable[[TorchComm], dict
         t = torch.full((4,), me, dtype=torch.int64)
         return outcome(lambda: c.broadcast(t, 1 if odd else 0, False))
 
+    def large_root(c: TorchComm) -> dict[str, Any]:
+        # 1 MiB: the tcp path's broadcast chain (``gloo_ring_ops``); rank 1 says it is root.
+        t = torch.full((131072,), me, dtype=torch.int64)
+        return outcome(lambda: c.broadcast(t, 1 if odd else 0, False))
+
+    def large_op_kind(c: TorchComm) -> dict[str, Any]:
+        # 1 MiB ring all_reduce against a ring all_gather: frames of another shape.
+        t = torch.ones(131072, dtype=torch.int64)
+        if odd:
+            out = torch.zeros(131072 * world, dtype=torch.int64)
+            return outcome(lambda: c.all_gather_single(out, t, False))
+        before = t.clone()
+        o = outcome(lambda: c.all_reduce(t, ReduceOp.SUM, False))
+        o["unchanged"] = torch.equal(t, before)
+        return o
+
     def op_kind(c: TorchComm) -> dict[str, Any]:
         t = torch.ones(4, dtype=torch.int64)
         if odd:
@@ -112,6 +128,8 @@ def _mismatch_cases(me: int, world: int) -> dict[str, Callable[[TorchComm], dict
         "reduce_op": reduce_op,
         "root": root,
         "op_kind": op_kind,
+        "large_root": large_root,
+        "large_op_kind": large_op_kind,
         "skipped": skipped,
         "empty_vs_full": empty_vs_full,
     }
@@ -126,6 +144,8 @@ MISMATCH_FIELDS = {
     "reduce_op": "reduce_op=",
     "root": "root=",
     "op_kind": "op=",
+    "large_root": "root=",
+    "large_op_kind": "op=",
     "skipped": "op=",
     "empty_vs_full": "count=",
 }
@@ -146,11 +166,17 @@ def mismatches(ctx: RankContext, transport: str) -> dict[str, Any]:
 
 # -- killed and stopped peers --------------------------------------------------------------
 def killed(
-    ctx: RankContext, transport: str, position: str, report_dir: str, hosts: tuple[int, ...] = ()
+    ctx: RankContext,
+    transport: str,
+    position: str,
+    report_dir: str,
+    hosts: tuple[int, ...] = (),
+    numel: int = 16,
 ) -> None:
     """Rank 1 is SIGKILLed before or during an all_reduce; the survivors then run two ops.
 
     ``hosts[r]`` simulates rank r's host (``TORCHCOMM_HOST_ID``); empty: one host.
+    ``numel``: the all_reduce's size (past 8192 int64s: the tcp path's ring).
     Survivors write what they saw to ``report_dir`` (the dead rank fails the task).
     """
     me, world = ctx.rank, ctx.world_size
@@ -168,7 +194,7 @@ def killed(
     if position == "before":
         time.sleep(0.5)  # rank 1 is gone before the op starts
     seen: dict[str, Any] = {}
-    x = torch.full((16,), me, dtype=torch.int64)
+    x = torch.full((numel,), me, dtype=torch.int64)
     seen["all_reduce"] = outcome(lambda: comm.all_reduce(x, ReduceOp.SUM, False))
     seen["barrier"] = outcome(lambda: comm.barrier(False))
     Path(report_dir, f"rank{me}.json").write_text(json.dumps(seen))

@@ -36,23 +36,21 @@ from torchcomms import fingerprint as F
 from torchcomms.backends._host import finish_average, on_host, overlaps
 from torchcomms.backends.cpu_liveness import Liveness
 from torchcomms.backends.cpu_ops import Completion, CpuOps
-from torchcomms.backends.gloo_exchange import HEADER_BYTES, Exchange, decode
+from torchcomms.backends.gloo_exchange import Exchange
 from torchcomms.backends.gloo_mismatch import MismatchReport
+from torchcomms.backends.gloo_ring_ops import RingOps
 from torchcomms.backends.gloo_waits import GLOO_MARGIN_S, GlooWaiter
-from torchcomms.backends.reductions import BINARY, BINARY_BOOL, reduce_rows
+from torchcomms.backends.reductions import reduce_rows
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
 from torchcomms.transport import gloo, shm_segment
-from torchcomms.transport.tcp_lane import Lane, LanePeerGone, LaneProtocolError
-from torchcomms.transport.tcp_ring import Check, Combine, Ring, spans
+from torchcomms.transport.tcp_lane import Lane
 from torchcomms.types import P2POp, P2POpType, RedOpType, ReduceOp
 
 # gloo tags are 32-bit: sequence numbers and user tags wrap within 2**30 (even / odd halves).
 _TAG_SPAN = 2**30
 
 _EXACT_ORDER_FREE = (RedOpType.MAX, RedOpType.MIN, RedOpType.BAND, RedOpType.BOR)
-#: Ring ops send one chunk per frame, whose lengths are u32: larger ops go to gloo.
-_RING_MAX_CHUNK = 1 << 31
 
 
 #: The payload of an exchange that carries none but must happen (barrier, broadcast's
@@ -67,17 +65,6 @@ def _premultiply(tensor: torch.Tensor, op: ReduceOp) -> None:
 
 def _premultiplied(tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
     return tensor * op.factor_value() if op.type is RedOpType.PREMUL_SUM else tensor
-
-
-def _combiner(op: ReduceOp, dtype: torch.dtype) -> Combine:
-    """``out = mine (op) incoming`` for the ring's reduce-scatter (PREMUL_SUM: premultiplied)."""
-    table = BINARY_BOOL if dtype is torch.bool else BINARY
-    fn = table.get(op.type, torch.add)
-
-    def combine(mine: torch.Tensor, incoming: torch.Tensor, out: torch.Tensor) -> None:
-        fn(mine, incoming, out=out)
-
-    return combine
 
 
 #: Process groups of failed communicators: a gloo call may still run in one, and
@@ -119,7 +106,7 @@ class GlooOps(CpuOps):
         self.waiter.report = MismatchReport(store, rank, size, self._announce)
         self.exchange = Exchange(lane, rank, size, self.waiter)
         self.inline_max = self.exchange.inline_max
-        self.ring = Ring(lane, HEADER_BYTES)
+        self.rings = RingOps(lane, self.exchange, self.waiter, self._begin, check)
 
     def describe(self) -> str:
         return f"tcp ({self.device_desc})"
@@ -170,62 +157,20 @@ class GlooOps(CpuOps):
         """Start a collective: exchange headers (and ``payload``, at most ``inline_max``
         bytes, then readable through ``exchange.payload``); raise a mismatch.  Without a
         payload, skipped when the check is off."""
-        self.seq += 1
-        if self.liveness is not None:
-            self.liveness.seq = self.seq
         if payload is None and not self.check:
+            self.seq += 1
+            if self.liveness is not None:
+                self.liveness.seq = self.seq
             return
-        self.waiter.current = (fp, self.seq)
-        self.exchange.run(self.seq, fp, deadline, payload)
+        self.exchange.run(self._begin(fp), fp, deadline, payload)
 
-    # -- ring ops: the header rides in the first frame (``tcp_ring``) --------------------
-    def ringable(self, tensor: torch.Tensor, chunks: int) -> bool:
-        """Whether a large op on ``tensor`` (cut into ``chunks``) runs on the ring."""
-        nbytes = tensor.numel() * tensor.element_size()
-        return tensor.is_contiguous() and nbytes // max(chunks, 1) + 64 < _RING_MAX_CHUNK
-
-    def _ring_enter(self, fp: Fingerprint, what: str) -> tuple[memoryview, Check | None]:
-        """Start a ring collective: its header, and the check of the peer's."""
-        self.seq += 1
-        seq = self.seq
+    def _begin(self, fp: Fingerprint) -> int:
+        """Count a collective in (its sequence number, which the liveness watcher shows)."""
+        self.seq = seq = self.seq + 1
         if self.liveness is not None:
             self.liveness.seq = seq
         self.waiter.current = (fp, seq)
-        header = self.exchange.header(seq, fp)
-        if not self.check:
-            return header, None
-        exchange, report, peer = self.exchange, self.waiter.report, (self.rank + 1) % self.size
-
-        def check(theirs: memoryview) -> None:
-            if exchange.differs(theirs):
-                other = decode(theirs)
-                if other is None:
-                    raise LaneProtocolError(f"rank {peer} sent a frame without an op header")
-                raise report.pairwise(what, (fp, seq), peer, other)
-
-        return header, check
-
-    def _between(self, deadline: Deadline, what: str) -> Any:
-        waiter = self.waiter
-        return lambda: waiter.check(deadline, what)
-
-    def _ring_all_reduce(
-        self, flat: torch.Tensor, op: ReduceOp, fp: Fingerprint, deadline: Deadline
-    ) -> None:
-        header, check = self._ring_enter(fp, "all_reduce")
-        plan = spans(flat.numel(), self.size)
-        first, k = plan[self.rank]
-        between = self._between(deadline, "all_reduce")
-        _premultiply(flat, op)
-        try:
-            self.ring.reduce_scatter(
-                flat, flat[first : first + k], _combiner(op, flat.dtype), header, check,
-                between, in_place=True,
-            )
-            self.ring.all_gather(flat, plan, None, None, between)
-        except LanePeerGone as gone:
-            raise self.waiter.gone(gone, "all_reduce") from None
-        finish_average(flat, op, self.size)
+        return seq
 
     def arm(self, gloo_options: Any, deadline: Deadline) -> None:
         """gloo's own timeout for one call, a backstop past the op's deadline (which ``wait``
@@ -249,8 +194,8 @@ class GlooOps(CpuOps):
                 self._reduce_rows(host, op)
                 finish_average(host, op, self.size)
                 return
-            if self.ringable(host, self.size):
-                self._ring_all_reduce(host.view(-1), op, fp, deadline)
+            if self.rings.fits(host, self.size):
+                self.rings.all_reduce(host.view(-1), op, fp, deadline)
                 return
             self.enter(fp, deadline)
             o = c10d.AllreduceOptions()
@@ -333,17 +278,8 @@ class GlooOps(CpuOps):
                 self._reduce_rows(out, op, self.rank * n)
                 finish_average(out, op, self.size)
                 return
-            if n and self.ringable(flat_in, self.size) and out.is_contiguous():
-                header, check = self._ring_enter(fp, "reduce_scatter")
-                src = _premultiplied(flat_in, op)
-                try:
-                    self.ring.reduce_scatter(
-                        src, out, _combiner(op, out.dtype), header, check,
-                        self._between(deadline, "reduce_scatter"), in_place=False,
-                    )
-                except LanePeerGone as gone:
-                    raise self.waiter.gone(gone, "reduce_scatter") from None
-                finish_average(out, op, self.size)
+            if n and self.rings.fits(flat_in, self.size) and out.is_contiguous():
+                self.rings.reduce_scatter(out, flat_in, op, fp, deadline)
                 return
             self.enter(fp, deadline)
             if n:
@@ -387,6 +323,9 @@ class GlooOps(CpuOps):
                 if self.rank != root and nbytes:
                     data = self.exchange.payload(host.dtype, 0, host.numel())[root]
                     host.view(-1).copy_(data)
+                return
+            if self.rings.fits(host):
+                self.rings.broadcast(host.view(-1), root, fp, deadline)
                 return
             self.enter(fp, deadline)
             self._broadcast(host, root, deadline)
@@ -485,15 +424,8 @@ class GlooOps(CpuOps):
             if n:
                 flat.view(self.size, n).copy_(self.exchange.payload(src.dtype, 0, n))
             return
-        if self.ringable(src, 1) and flat.is_contiguous() and self.size > 1:
-            header, check = self._ring_enter(fp, "all_gather")
-            plan = [(r * n, n) for r in range(self.size)]
-            between = self._between(deadline, "all_gather")
-            try:
-                self.ring.all_gather(flat, plan, header, check, between, own=src)
-            except LanePeerGone as gone:
-                raise self.waiter.gone(gone, "all_gather") from None
-            flat[self.rank * n : (self.rank + 1) * n].copy_(src)
+        if self.rings.fits(src) and flat.is_contiguous():
+            self.rings.all_gather(flat, src, fp, deadline)
             return
         self.enter(fp, deadline)
         o = c10d.AllgatherOptions()

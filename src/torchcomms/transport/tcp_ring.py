@@ -91,6 +91,7 @@ class Ring:
         self._prefix = bytearray(_PREFIX.size)
         self._theirs = bytearray(header_bytes)
         self._scratch = torch.empty(0, dtype=torch.uint8)
+        self._sending: select.poll | None = None
 
     def scratch(self, dtype: torch.dtype, count: int, which: int = 0) -> torch.Tensor:
         """Reusable receive space for ``count`` elements (``which``: one of 3 buffers)."""
@@ -172,28 +173,38 @@ class Ring:
     # -- one step ------------------------------------------------------------------------
     def step(
         self,
-        send: memoryview,
-        recv: memoryview,
+        send: memoryview | None,
+        recv: memoryview | None,
         header: memoryview | None,
         check: Check | None,
         between: Callable[[], None],
+        header_in: bool | None = None,
     ) -> None:
-        """Send ``[header] + send`` to ``rank - 1`` while receiving ``rank + 1``'s frame of
-        the same shape, its data into ``recv`` (after ``check`` passed its header)."""
+        """Send ``[header] + send`` to ``rank - 1`` while receiving ``rank + 1``'s frame,
+        its data into ``recv`` (after ``check`` passed its header).  ``send`` None: send
+        nothing; ``recv`` None: receive nothing.  ``header_in`` (default: whether this
+        frame has a header): whether the received frame starts with one."""
         rd = self.lane.ring_round()
         peer = rd.recv_from
         hb = len(header) if header is not None else 0
-        block = hb + len(send)
-        expected = hb + len(recv)
-        parts: list[memoryview | bytes] = [_PREFIX.pack(4 + block, block)]
-        if header is not None:
-            parts.append(header)
-        if len(send):
-            parts.append(send)
+        hb_in = (
+            self._header_bytes if (header is not None if header_in is None else header_in) else 0
+        )
+        parts: list[memoryview | bytes] = []
+        if send is not None:
+            block = hb + len(send)
+            parts.append(_PREFIX.pack(4 + block, block))
+            if header is not None:
+                parts.append(header)
+            if len(send):
+                parts.append(send)
+        expected = hb_in + (len(recv) if recv is not None else 0)
         inbox = rd.inbox
-        theirs = memoryview(self._theirs)[:hb]
+        theirs = memoryview(self._theirs)[:hb_in]
         # Read the prefix, then (first step) the header, then the data: ``stage`` 0, 1, 2.
         stage, target, got, their_block = 0, memoryview(self._prefix), 0, -1
+        if recv is None:
+            stage = 3
         spin_s = self.lane.spin_s
         idle_since = 0.0
         while True:
@@ -217,7 +228,7 @@ class Ring:
                     total, their_block = _PREFIX.unpack_from(self._prefix)
                     if total == _CONTROL:
                         raise LanePeerGone(peer, _goodbye(rd, their_block))
-                    if header is not None and their_block >= hb:
+                    if hb_in and their_block >= hb_in:
                         stage, target, got = 1, theirs, 0
                         continue
                 elif stage == 1 and check is not None:
@@ -228,7 +239,7 @@ class Ring:
                             f"rank {peer} sent a {their_block} B block where this rank "
                             f"expected {expected} B"
                         )
-                    stage, target, got = 2, recv, 0
+                    stage, target, got = 2, recv or _EMPTY, 0
                     continue
                 stage = 3
             if not parts and stage == 3:
@@ -242,13 +253,22 @@ class Ring:
                     idle_since = now
                 if now - idle_since < spin_s:
                     continue
-            if parts:
-                rd.poller.register(rd.out, select.POLLOUT)
-            events = rd.poller.poll(SLICE_MS)
-            if parts:
-                rd.poller.unregister(rd.out)
+            if stage == 3:  # only sending: wait for room (a peer that is gone shows as an error)
+                events = self._out_poller(rd).poll(SLICE_MS)
+            else:
+                if parts:
+                    rd.poller.register(rd.out, select.POLLOUT)
+                events = rd.poller.poll(SLICE_MS)
+                if parts:
+                    rd.poller.unregister(rd.out)
             if not events:
                 between()
+
+    def _out_poller(self, rd: LaneRound) -> select.poll:
+        if self._sending is None:
+            self._sending = select.poll()
+            self._sending.register(rd.out, select.POLLOUT)
+        return self._sending
 
 
 def _goodbye(rd: LaneRound, text_len: int) -> str:

@@ -1,0 +1,147 @@
+"""The tcp path's large collectives on the lane's ring (``backends/gloo_ring_ops.py``).
+
+Real processes over real sockets (``TORCHCOMM_TRANSPORT=tcp``), past the inline limit:
+
+* all_reduce, reduce_scatter, all_gather and broadcast at worlds 2-4, with element
+  counts that do not split evenly, every reduce op and several dtypes, compared bit for
+  bit with a locally computed oracle (integer-valued data, so float sums are exact);
+  broadcast from every root, through segments when there are ranks in the middle;
+  all_gather whose input is its own slot of the output.
+* The result is the same bits on every rank (float data with rounding).
+* A rank SIGKILLed inside a ring all_reduce is named by every survivor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.chaos import faults
+from tests.harness import RankContext, RankFailure, run_ranks
+from torchcomms import ReduceOp, new_comm
+
+TCP = {"TORCHCOMM_TRANSPORT": "tcp"}
+#: Past the inline limit (64 KiB per rank) and not a multiple of any world size.
+COUNT = 40_000 + 7
+
+_REDUCE = {
+    "SUM": (ReduceOp.SUM, lambda rows: rows.sum(0)),
+    "MAX": (ReduceOp.MAX, lambda rows: rows.amax(0)),
+    "MIN": (ReduceOp.MIN, lambda rows: rows.amin(0)),
+    "PRODUCT": (ReduceOp.PRODUCT, lambda rows: rows.prod(0)),
+    "AVG": (ReduceOp.AVG, lambda rows: rows.sum(0) / rows.shape[0]),
+}
+
+
+def _data(rank: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """Small integers (exact in every dtype here, also as products of 4 ranks)."""
+    base = (torch.arange(count, dtype=torch.int64) * (rank + 3) + rank) % 5 + 1
+    return base.to(dtype)
+
+
+def _ring_ops(ctx: RankContext) -> dict[str, int]:
+    comm = new_comm("gloo", torch.device("cpu"), name="ring", store=ctx.store)
+    n, r = comm.get_size(), comm.get_rank()
+    transport = comm.get_backend_impl().transport  # type: ignore[attr-defined]
+    assert transport.startswith("tcp"), transport
+    checked = 0
+    for dtype in (torch.float32, torch.int64, torch.bfloat16):
+        rows = torch.stack([_data(q, COUNT, dtype) for q in range(n)])
+        for name, (op, oracle) in _REDUCE.items():
+            if name == "AVG" and not dtype.is_floating_point:
+                continue
+            t = _data(r, COUNT, dtype)
+            comm.all_reduce(t, op, False)
+            want = oracle(rows.double()).to(dtype)
+            assert torch.equal(t, want), (name, dtype, (t - want).abs().max())
+            checked += 1
+    # bool: SUM is logical or, MIN is and
+    bits = torch.stack([_data(q, COUNT, torch.int64) > 2 for q in range(n)])
+    for op, want in ((ReduceOp.SUM, bits.any(0)), (ReduceOp.MIN, bits.all(0))):
+        t = bits[r].clone()
+        comm.all_reduce(t, op, False)
+        assert torch.equal(t, want), op
+        checked += 1
+    # reduce_scatter: each rank's COUNT-element slice of the sum of n*COUNT inputs
+    full = torch.stack([_data(q, n * COUNT, torch.int64) for q in range(n)]).sum(0)
+    out = torch.empty(COUNT, dtype=torch.int64)
+    comm.reduce_scatter_single(out, _data(r, n * COUNT, torch.int64), ReduceOp.SUM, False)
+    assert torch.equal(out, full[r * COUNT : (r + 1) * COUNT])
+    parts = list(_data(r, n * COUNT, torch.int64).chunk(n))
+    out.zero_()
+    comm.reduce_scatter(out, parts, ReduceOp.MAX, False)
+    want = torch.stack([_data(q, n * COUNT, torch.int64) for q in range(n)]).amax(0)
+    assert torch.equal(out, want[r * COUNT : (r + 1) * COUNT])
+    checked += 2
+    # all_gather, also with the input a view of its own slot of the output
+    gathered = torch.zeros(n * COUNT, dtype=torch.float32)
+    comm.all_gather_single(gathered, _data(r, COUNT, torch.float32), False)
+    assert torch.equal(gathered, torch.cat([_data(q, COUNT, torch.float32) for q in range(n)]))
+    gathered.zero_()
+    slot = gathered[r * COUNT : (r + 1) * COUNT]
+    slot.copy_(_data(r, COUNT, torch.float32))
+    comm.all_gather_single(gathered, slot, False)
+    assert torch.equal(gathered, torch.cat([_data(q, COUNT, torch.float32) for q in range(n)]))
+    checked += 2
+    # broadcast from every root; 1 MiB, so the chain cuts it into segments
+    for root in range(n):
+        big = _data(r, 1 << 18, torch.float32) if r == root else torch.zeros(1 << 18)
+        comm.broadcast(big, root, False)
+        assert torch.equal(big, _data(root, 1 << 18, torch.float32)), root
+        checked += 1
+    # async, several in flight
+    works, tensors = [], []
+    for i in range(3):
+        t = torch.full((COUNT,), float(r + i))
+        tensors.append(t)
+        works.append(comm.all_reduce(t, ReduceOp.SUM, True))
+    for i, (w, t) in enumerate(zip(works, tensors, strict=True)):
+        w.wait()
+        assert torch.equal(t, torch.full((COUNT,), float(sum(q + i for q in range(n)))))
+        checked += 1
+    comm.finalize()
+    return {"checked": checked}
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_ring_ops_match_the_oracle(world: int) -> None:
+    results = run_ranks(_ring_ops, world, timeout=180, env=TCP)
+    assert len({r["checked"] for r in results}) == 1 and results[0]["checked"] > 20, results
+
+
+def _same_bits(ctx: RankContext) -> str:
+    comm = new_comm("gloo", torch.device("cpu"), name="ring_bits", store=ctx.store)
+    g = torch.Generator().manual_seed(comm.get_rank())
+    t = torch.randn(COUNT, generator=g) * 1e3
+    comm.all_reduce(t, ReduceOp.SUM, False)
+    comm.finalize()
+    return hashlib.sha256(t.numpy().tobytes()).hexdigest()
+
+
+def test_every_rank_gets_the_same_bits() -> None:
+    """Rounding differs with summation order; the ring sums each chunk once, in one order."""
+    results = run_ranks(_same_bits, 3, timeout=120, env=TCP)
+    assert len(set(results)) == 1
+
+
+@pytest.mark.parametrize("hosts", [(), (0, 1, 2, 3)], ids=["one-host", "4-hosts"])
+def test_a_rank_killed_inside_a_ring_all_reduce_is_named(
+    hosts: tuple[int, ...], tmp_path: Path
+) -> None:
+    with pytest.raises(RankFailure) as info:
+        run_ranks(
+            faults.killed, 4, "tcp", "during", str(tmp_path), hosts, 1 << 17,
+            timeout=120, fresh=True,
+        )  # fmt: skip
+    assert set(info.value.died) == {1}, str(info.value)
+    for rank in (0, 2, 3):
+        seen: dict[str, Any] = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        got = seen["all_reduce"]
+        assert got["type"] == "PeerFailureError", (rank, got)
+        assert "peer rank 1 died" in got["text"], (rank, got)
+        assert got["s"] < 3.0, (rank, got)
