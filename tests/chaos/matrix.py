@@ -29,6 +29,8 @@ from torchcomms import ReduceOp, TorchComm, new_comm
 
 CPU = torch.device("cpu")
 N = 8
+#: int64s per rank past the tcp path's inline limit (64 KiB): its ring ops.
+LARGE = 32768
 OP_TIMEOUT_S = 2.0
 
 #: placement -> host of each rank (by rank // 2 for hier: two ranks per host).
@@ -124,6 +126,7 @@ def trial(
     placement: str,
     position: str,
     report_dir: str,
+    size: int = N,
 ) -> dict[str, Any]:
     me, world = ctx.rank, ctx.world_size
     victim = world - 1
@@ -133,17 +136,17 @@ def trial(
     comm = new_comm(
         "gloo",
         CPU,
-        name=f"m_{fault}_{op}_{placement}_{position}",
+        name=f"m_{fault}_{op}_{placement}_{position}_{size}",
         store=ctx.store,
         timeout=timedelta(seconds=30),
         hints={"transport": transport},
     )
-    assert _op(op, comm, me, world, N)(), f"{op} wrong before the fault"
+    assert _op(op, comm, me, world, size)(), f"{op} wrong before the fault"
     comm.barrier(False)
     ctx.store.set(f"pid/{me}", str(os.getpid()))
     seen: dict[str, Any] = {}
 
-    def run(n: int = N, name: str = op) -> dict[str, Any]:
+    def run(n: int = size, name: str = op) -> dict[str, Any]:
         check: list[Callable[[], bool]] = []
         return outcome(lambda: check.append(_op(name, comm, me, world, n)), lambda: check[0]())
 
@@ -195,7 +198,7 @@ def trial(
             time.sleep(0.5)
         seen["op"] = run()
     elif fault == "mismatch":
-        seen["op"] = run(N + 1 if me == victim else N)
+        seen["op"] = run(size + 1 if me == victim else size)
     elif fault == "skipped":
         nxt = "all_reduce" if op == "barrier" else "barrier"
         if me == victim:

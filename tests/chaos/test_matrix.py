@@ -34,7 +34,11 @@ OPS = (
 DEAD_BOUND_S = 3.0
 
 
-def _cases() -> list[tuple[str, str, str, int, str]]:
+#: Ops that run on the tcp path's ring past the inline limit (``gloo_ring_ops``).
+RING_OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
+
+
+def _cases() -> list[tuple[str, str, str, int, str, int]]:
     cases = []
     for fault in ("kill", "stop", "closed", "slow", "mismatch", "skipped"):
         for op in OPS:
@@ -53,7 +57,14 @@ def _cases() -> list[tuple[str, str, str, int, str]]:
                     timed = fault in ("kill", "stop", "closed")
                     positions = ("before", "during") if timed else ("before",)
                     for position in positions:
-                        cases.append((fault, op, placement, world, position))
+                        cases.append((fault, op, placement, world, position, matrix.N))
+    # The same faults inside the ring ops (256 KiB per rank), where the ring runs.
+    for fault in ("kill", "stop", "closed", "mismatch"):
+        for op in RING_OPS:
+            for placement in ("tcp", "hier"):
+                for world in (3, 4):
+                    position = "before" if fault == "mismatch" else "during"
+                    cases.append((fault, op, placement, world, position, matrix.LARGE))
     return cases
 
 
@@ -65,12 +76,12 @@ def _names_only(text: str, victim: int, world: int) -> bool:
 
 
 @pytest.mark.chaos
-@pytest.mark.parametrize(("fault", "op", "placement", "world", "position"), _cases())
+@pytest.mark.parametrize(("fault", "op", "placement", "world", "position", "n"), _cases())
 def test_matrix(
-    fault: str, op: str, placement: str, world: int, position: str, tmp_path: Path
+    fault: str, op: str, placement: str, world: int, position: str, n: int, tmp_path: Path
 ) -> None:
     victim = world - 1
-    args = (fault, op, placement, position, str(tmp_path))
+    args = (fault, op, placement, position, str(tmp_path), n)
     if fault == "kill":
         with pytest.raises(RankFailure) as info:
             run_ranks(matrix.trial, world, *args, timeout=120, fresh=True)
