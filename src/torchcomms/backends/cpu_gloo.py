@@ -1,15 +1,18 @@
-"""``GlooOps``: every op of the CPU backend over one torch ``ProcessGroupGloo`` (TCP).
+"""``GlooOps``: every op of the CPU backend over TCP: the lane for collectives, gloo for the rest.
 
-**The header** (``gloo_exchange``).  Every collective starts with one exchange of
-headers (the op's fingerprint and sequence number) through the communicator's
-``tcp_lane`` (direct sockets, on the op's thread: no gloo thread hand-offs), so ranks
-that called different collectives all raise a mismatch before any data is combined and
-before gloo sees sizes that differ between ranks (it aborts the process on those).
-Small collectives (up to ``Exchange.inline_max`` bytes per rank) finish inside that one
-exchange: the payload rides in the header's row, and reductions run locally in rank
-order where that cannot change a bit of gloo's result (exact dtypes, order-free ops, or
-two float32/64 operands), so the check costs them nothing.  Larger ones then call gloo.
-``TORCHCOMM_MISMATCH_CHECK=0`` drops the header from those.
+**The header** (``gloo_exchange``).  Every collective's fingerprint and sequence number
+reach every rank before any data is combined, through the communicator's ``tcp_lane``
+(direct sockets, on the op's thread: no gloo thread hand-offs), so ranks that called
+different collectives all raise a mismatch, and gloo never sees sizes that differ
+between ranks (it aborts the process on those).
+
+* Small collectives (up to ``Exchange.inline_max`` bytes per rank) finish inside one
+  header exchange: the payload rides in the header's row, and reductions run locally in
+  rank order where that cannot change a bit of gloo's result (exact dtypes, order-free
+  ops, or two float32/64 operands).
+* Large all_reduce, reduce_scatter, all_gather and broadcast run on the lane's ring
+  (``gloo_ring_ops``), the header in their first frame.
+* The rest call gloo after a header exchange (``TORCHCOMM_MISMATCH_CHECK=0`` drops it).
 
 **Waits** (``gloo_waits``).  A gloo wait runs in short slices; between them it checks the
 abort flag, the peers' liveness (``cpu_liveness``) and the op's deadline, so a dead peer
