@@ -280,9 +280,17 @@ def _send_recv_dtypes(ctx: RankContext) -> int:
     return checked
 
 
-def test_send_recv_dtypes_and_sizes() -> None:
+#: The default placement (shm on this host) and the tcp path (``transport/tcp_p2p.py``).
+P2P_TRANSPORTS = [
+    pytest.param({}, id="auto"),
+    pytest.param({"TORCHCOMM_TRANSPORT": "tcp"}, id="tcp"),
+]
+
+
+@pytest.mark.parametrize("env", P2P_TRANSPORTS)
+def test_send_recv_dtypes_and_sizes(env: dict[str, str]) -> None:
     """Sync and async send/recv for every gloo dtype, 0 elements up to 1 MiB."""
-    checked = run_ranks(_send_recv_dtypes, 4, timeout=TIMEOUT)
+    checked = run_ranks(_send_recv_dtypes, 4, timeout=TIMEOUT, env=env)
     assert checked == [len(P2P_DTYPES) * 4 * 2] * 4
 
 
@@ -363,9 +371,10 @@ def _batch_ring(ctx: RankContext) -> list[str]:
     return done
 
 
-def test_batch_ring_and_ordering() -> None:
+@pytest.mark.parametrize("env", P2P_TRANSPORTS)
+def test_batch_ring_and_ordering(env: dict[str, str]) -> None:
     """batch_op_create rings in both directions, sync and async; same-peer sends match in order."""
-    done = run_ranks(_batch_ring, 4, timeout=TIMEOUT)
+    done = run_ranks(_batch_ring, 4, timeout=TIMEOUT, env=env)
     assert all(d == done[0] for d in done) and len(done[0]) == 9
 
 
@@ -416,9 +425,10 @@ def _async_p2p_patterns(ctx: RankContext) -> None:
     comm.finalize()
 
 
-def test_async_p2p_patterns() -> None:
+@pytest.mark.parametrize("env", P2P_TRANSPORTS)
+def test_async_p2p_patterns(env: dict[str, str]) -> None:
     """Many outstanding irecvs, and irecv-then-send on both sides of a pair."""
-    run_ranks(_async_p2p_patterns, 4, timeout=TIMEOUT)
+    run_ranks(_async_p2p_patterns, 4, timeout=TIMEOUT, env=env)
 
 
 # ------------------------------------------------------------------ issue order / async work
@@ -720,5 +730,6 @@ def _tag_hints(ctx: RankContext) -> list[float]:
     return got
 
 
-def test_tag_hint_matches_by_tag_and_rejects_bad_tags() -> None:
-    assert run_ranks(_tag_hints, 2, timeout=60.0)[1] == [1.0, 2.0]
+@pytest.mark.parametrize("env", P2P_TRANSPORTS)
+def test_tag_hint_matches_by_tag_and_rejects_bad_tags(env: dict[str, str]) -> None:
+    assert run_ranks(_tag_hints, 2, timeout=60.0, env=env)[1] == [1.0, 2.0]

@@ -11,9 +11,10 @@ Faults, each on a fresh communicator of ``--world`` ranks whose last rank is the
 * ``mismatch``: the victim passes a different size; detection = time from entering the
   op to ``CollectiveMismatchError``, every rank.
 
-Placements: ``shm`` and ``tcp`` on this host, and ``tcp-hosts`` (every rank its own
+Placements: ``shm`` and ``tcp`` on this host, ``tcp-hosts`` (every rank its own
 simulated host, ``TORCHCOMM_HOST_ID``: deaths are learned through the side-connection
-ring, not pids).  Ranks are forked from this process (torch already imported), so a trial
+ring, not pids), ``hier`` (two ranks per simulated host: shm inside, tcp between) and
+``tcp-ring`` (tcp with a 256 KiB all_reduce: the lane's ring op).  Ranks are forked from this process (torch already imported), so a trial
 costs about a second.  Times come from ``time.monotonic()``, one clock for the machine.
 """
 
@@ -33,7 +34,9 @@ import torch
 import torch.distributed as dist
 from _doc import write_doc
 
-PLACEMENTS = ("shm", "tcp", "tcp-hosts")
+PLACEMENTS = ("shm", "tcp", "tcp-hosts", "hier", "tcp-ring")
+#: Elements of the all_reduce per placement (float32): 8, or past the tcp inline limit.
+NUMEL = {"tcp-ring": 65536}
 FAULTS = ("kill", "stop", "mismatch")
 
 
@@ -42,6 +45,8 @@ def _rank(rank: int, world: int, port: int, placement: str, fault: str, q: Any) 
     os.environ["TORCHCOMM_ABORT_ON_ERROR"] = "0"
     if placement == "tcp-hosts":
         os.environ["TORCHCOMM_HOST_ID"] = f"detect-host-{rank}"
+    if placement == "hier":
+        os.environ["TORCHCOMM_HOST_ID"] = f"detect-host-{rank // 2}"
     import torchcomms
 
     # A TCPStore, never a FileStore: a stopped rank holding the FileStore's lock would
@@ -54,7 +59,7 @@ def _rank(rank: int, world: int, port: int, placement: str, fault: str, q: Any) 
         name="detect",
         store=store,
         timeout=datetime.timedelta(seconds=30),
-        hints={"transport": "shm" if placement == "shm" else "tcp"},
+        hints={"transport": {"shm": "shm", "hier": "auto"}.get(placement, "tcp")},
     )
     victim = world - 1
     t = torch.ones(8)
@@ -73,7 +78,8 @@ def _rank(rank: int, world: int, port: int, placement: str, fault: str, q: Any) 
             os.kill(int(store.get(f"pid/{victim}").decode()), signal.SIGSTOP)
         store.set(f"stopped/{rank}", "1")
         store.wait([f"stopped/{r}" for r in range(world - 1)])
-    n = 9 if fault == "mismatch" and rank == victim else 8
+    size = NUMEL.get(placement, 8)
+    n = size + 1 if fault == "mismatch" and rank == victim else size
     timeout = datetime.timedelta(seconds=1) if fault == "stop" else None
     start = time.monotonic()
     try:
@@ -128,10 +134,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--world", type=int, default=3)
+    ap.add_argument("--placements", default=",".join(PLACEMENTS))
     ap.add_argument("--json")
     args = ap.parse_args()
     rows: dict[str, Any] = {}
-    for placement in PLACEMENTS:
+    for placement in args.placements.split(","):
         for fault in FAULTS:
             times: list[float] = []
             wrong: list[str] = []
@@ -158,7 +165,8 @@ def main() -> None:
     if args.json:
         write_doc(
             args.json,
-            f"python benchmarks/diagnostics/detection_times.py --trials {args.trials} --world {args.world}",
+            "python benchmarks/diagnostics/detection_times.py "
+            f"--trials {args.trials} --world {args.world} --placements {args.placements}",
             rows,
             what="kill: error time - kill time; stop: error time - op deadline; mismatch: error time - op entry",
         )

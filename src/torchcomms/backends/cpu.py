@@ -376,6 +376,9 @@ class TorchCommGloo(CommBackend):
                 raise self._translate(exc, opts, peers) from exc
             if completion is None:
                 return None
+            ops = self._ops
+            if ops is not None:
+                ops.unattended()  # no thread waits for it yet: the transport may help
 
             def finish() -> None:
                 try:

@@ -47,7 +47,9 @@ from torchcomms.backends.reductions import reduce_rows
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
 from torchcomms.transport import gloo, shm_segment
-from torchcomms.transport.tcp_lane import Lane
+from torchcomms.transport.tcp_lane import Lane, LanePeerGone
+from torchcomms.transport.tcp_p2p import P2P, Transfer
+from torchcomms.transport.tcp_ring import as_bytes
 from torchcomms.types import P2POp, P2POpType, RedOpType, ReduceOp
 
 # gloo tags are 32-bit: sequence numbers and user tags wrap within 2**30 (even / odd halves).
@@ -90,6 +92,7 @@ class GlooOps(CpuOps):
         check: bool = True,
         pg_timeout: timedelta = timedelta(seconds=600),
         store: Any = None,
+        p2p: P2P | None = None,
     ) -> None:
         self.pg = pg
         self.lane = lane
@@ -110,6 +113,8 @@ class GlooOps(CpuOps):
         self.exchange = Exchange(lane, rank, size, self.waiter)
         self.inline_max = self.exchange.inline_max
         self.rings = RingOps(lane, self.exchange, self.waiter, self._begin, check)
+        #: Point-to-point over direct connections (None: through gloo).
+        self.p2p = p2p
 
     def describe(self) -> str:
         return f"tcp ({self.device_desc})"
@@ -121,7 +126,10 @@ class GlooOps(CpuOps):
         kind, ranks = (
             ("dead", dead) if dead else ("timeout", missing) if missing else ("peer", blamed)
         )
-        self.lane.goodbye(f"FAILED {kind if ranks else 'failed'} {','.join(map(str, ranks))}")
+        said = f"FAILED {kind if ranks else 'failed'} {','.join(map(str, ranks))}"
+        self.lane.goodbye(said)
+        if self.p2p is not None:
+            self.p2p.goodbye(said)
 
     def _announce(self, ranks: list[int], text: str) -> None:
         """A mismatch, to the ranks that receive from this one (before ``fail``: they may
@@ -135,6 +143,10 @@ class GlooOps(CpuOps):
         if failed:  # unless a failure was said already (``fail``)
             self.lane.goodbye("FAILED aborted" if self.waiter.aborted else "FAILED failed")
         self.lane.close()
+        if self.p2p is not None:
+            if failed:
+                self.p2p.goodbye("FAILED aborted" if self.waiter.aborted else "FAILED failed")
+            self.p2p.close()
         if self.liveness is not None:
             self.liveness.close()
         self.waiter.close()
@@ -488,8 +500,10 @@ class GlooOps(CpuOps):
 
     # -- point-to-point ------------------------------------------------------------------
     def post(self, ops: Sequence[P2POp], tag: int | None, deadline: Deadline) -> Completion:
-        """Untagged messages use even gloo tags from a per-peer sequence number, tagged ones
-        an odd tag of their own (see ``CpuOps.post``)."""
+        """Untagged messages use even tags from a per-peer sequence number, tagged ones an
+        odd tag of their own (see ``CpuOps.post``); over ``tcp_p2p`` where it is there."""
+        if self.p2p is not None:
+            return self._post_direct(self.p2p, ops, tag, deadline)
         posted = [self._post_one(op, tag) for op in ops]
 
         def complete() -> None:
@@ -501,16 +515,54 @@ class GlooOps(CpuOps):
 
         return complete
 
+    def unattended(self) -> None:
+        if self.p2p is not None:
+            self.p2p.kick()
+
+    def _tag(self, op: P2POp, user_tag: int | None) -> int:
+        if user_tag is not None:
+            return 2 * (user_tag % _TAG_SPAN) + 1
+        seqs = self._send_seq if op.type is P2POpType.SEND else self._recv_seq
+        tag = 2 * (seqs[op.peer] % _TAG_SPAN)
+        seqs[op.peer] += 1
+        return tag
+
+    def _post_direct(
+        self, engine: P2P, ops: Sequence[P2POp], user_tag: int | None, deadline: Deadline
+    ) -> Completion:
+        posted: list[tuple[P2POp, Transfer, torch.Tensor]] = []
+        for op in ops:
+            tensor = op.tensor
+            staged = tensor
+            if not (tensor.is_cpu and tensor.is_contiguous()):
+                staged = tensor.detach().to("cpu").contiguous()
+            view = as_bytes(staged.view(-1))
+            tag = self._tag(op, user_tag)
+            if op.type is P2POpType.SEND:
+                posted.append((op, engine.post_send(op.peer, tag, view), staged))
+            else:
+                posted.append((op, engine.post_recv(op.peer, tag, view), staged))
+        waiter = self.waiter
+        peers = sorted({op.peer for op in ops})
+        what = "send" if all(op.type is P2POpType.SEND for op in ops) else "recv"
+
+        def complete() -> None:
+            moves: list[Transfer] = [m for _, m, _ in posted]
+            try:
+                engine.wait(moves, lambda: waiter.check_p2p(deadline, what, peers))
+            except LanePeerGone as gone:
+                raise waiter.gone(gone, what) from None
+            for op, _, staged in posted:
+                if staged is not op.tensor and op.type is P2POpType.RECV:
+                    op.tensor.copy_(staged.view(op.tensor.shape))
+
+        return complete
+
     def _post_one(self, op: P2POp, user_tag: int | None) -> tuple[Any, P2POp, torch.Tensor]:
         tensor = op.tensor
         staged = tensor if tensor.device.type == "cpu" else tensor.detach().to("cpu")
         sending = op.type is P2POpType.SEND
-        if user_tag is not None:
-            tag = 2 * (user_tag % _TAG_SPAN) + 1
-        else:
-            seqs = self._send_seq if sending else self._recv_seq
-            tag = 2 * (seqs[op.peer] % _TAG_SPAN)
-            seqs[op.peer] += 1
+        tag = self._tag(op, user_tag)
         pg = self.pg
         try:
             work = pg.send([staged], op.peer, tag) if sending else pg.recv([staged], op.peer, tag)

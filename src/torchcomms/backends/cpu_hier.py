@@ -413,3 +413,6 @@ class HierOps(CpuOps):
 
     def post(self, ops: Sequence[P2POp], tag: int | None, deadline: Deadline) -> Completion:
         return self.flat.post(ops, tag, deadline)
+
+    def unattended(self) -> None:
+        self.flat.unattended()

@@ -57,6 +57,12 @@ class CpuOps(abc.ABC):
     def close(self, failed: bool) -> None:
         """Release the transport (after ``fail()`` the peers see a failure, else a finalize)."""
 
+    def unattended(self) -> None:
+        """Point-to-point ops were posted for an async work, whose completion runs only
+        when someone waits for it: a transport that moves bytes only inside waits starts
+        a helper (``tcp_p2p``).  Default: nothing (gloo and shm progress on their own)."""
+        return None
+
     def abort(self) -> None:
         """Make every wait of this transport, on any thread, raise within a second; local only.
 

@@ -6,8 +6,9 @@
 
 Locality comes from the members' host identities (exchanged first, ``cpu_connect``), never
 from being able to open a segment.  The tcp and hierarchical paths connect, in this order,
-a lane (``transport.tcp_lane``: headers and small collectives), gloo's process group and a
-liveness watcher (``cpu_liveness``).  Runs on the thread that creates the communicator.
+a point-to-point engine (``transport.tcp_p2p``, its listener), a lane
+(``transport.tcp_lane``: the collectives), gloo's process group and a liveness watcher
+(``cpu_liveness``).  Runs on the thread that creates the communicator.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from torchcomms.backends.cpu_ops import CpuOps
 from torchcomms.backends.gloo_waits import GLOO_MARGIN
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError
-from torchcomms.transport import gloo, tcp_lane
+from torchcomms.transport import gloo, tcp_lane, tcp_p2p
 from torchcomms.transport.wait_policy import WaitPolicy
 from torchcomms.types import CommOptions
 
@@ -65,6 +66,7 @@ def open_transport(
         store, "preconnect", rank, size, deadline, local, prefix, "the gloo connect"
     )
     lane_host = "127.0.0.1" if len(set(hosts)) == 1 else None
+    p2p = listen_p2p(store, rank, lane_host, options.hints, local)
     lane = connect_lane(
         store,
         rank,
@@ -89,6 +91,7 @@ def open_transport(
     except BaseException:
         lane.goodbye("FAILED failed")
         lane.close()
+        p2p.close()
         raise
     liveness = Liveness(
         c10d.PrefixStore("lv", store), rank, peers, name, config.liveness_period_s()
@@ -104,6 +107,7 @@ def open_transport(
         config.mismatch_check(),
         options.timeout,
         c10d.PrefixStore("mm", store),
+        p2p,
     )
     if mode != "tcp" and cpu_hier.wanted(peers) and not cpu_shm.unsupported_reason():
         try:
@@ -114,6 +118,30 @@ def open_transport(
             flat.close(failed=True)
             raise
     return flat
+
+
+def listen_p2p(
+    store: c10d.Store,
+    rank: int,
+    host: str | None,
+    hints: Mapping[str, str],
+    local: Mapping[int, int],
+) -> tcp_p2p.P2P:
+    """This rank's point-to-point engine (``transport.tcp_p2p``): its listener, bound as
+    the lane's, published as ``p2p/{rank}``; peers are dialled on first use."""
+    bind = host or gloo.reachable_address(store, hints.get("hostname"))
+    listener = tcp_lane.listen(bind)
+    advertised = socket.gethostname() if bind in ("0.0.0.0", "::") else bind
+    token = secrets.token_hex(8)
+    store.set(f"p2p/{rank}", f"{token} {listener.getsockname()[1]} {advertised}")
+
+    def address_of(r: int) -> tuple[str, int, str]:
+        # Published before the lane connect, which every member finished: no wait.
+        theirs, port, at = store.get(f"p2p/{r}").decode().split(" ", 2)
+        return at, int(port), theirs
+
+    spin_s = 0.0 if WaitPolicy(len(local) + 1).oversubscribed else tcp_lane.SPIN_S
+    return tcp_p2p.P2P(rank, listener, token, address_of, spin_s)
 
 
 def connect_lane(

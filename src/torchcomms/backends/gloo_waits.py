@@ -135,6 +135,11 @@ class GlooWaiter:
         """Between two wait slices of a collective: abort, dead peers, the deadline."""
         self._between_slices(deadline, what, None)
 
+    def check_p2p(self, deadline: Deadline, what: str, peers: Sequence[int]) -> None:
+        """Between two wait slices of a send/recv with ``peers``: also the lane's news (a
+        peer's goodbye there, or its lost connection: how a remote death shows)."""
+        self._between_slices(deadline, what, peers, lane_news=True)
+
     def gone(self, exc: LanePeerGone, what: str) -> WaitError:
         """A lane peer's connection ended: adopt what it said, else find out who died."""
         peer, said = exc.peer, exc.said

@@ -1,0 +1,171 @@
+"""The tcp path's point-to-point engine (``transport/tcp_p2p.py``): real sockets, real
+processes.
+
+* Tags match in order per pair; a message that arrives before its receive waits, one
+  whose receive is posted lands in place; a receive of the wrong size fails clearly.
+* Two ranks that both send 8 MiB first, then receive, finish (the waiting thread also
+  reads): no deadlock.
+* A posted receive that no thread waits for is driven by the helper, so a peer's
+  large synchronous send completes while this rank is busy elsewhere (through the
+  communicator: an async recv, then a collective).
+* A peer's goodbye and a peer that vanishes fail the receives waiting on it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.harness import RankContext, RankFailure, run_ranks
+from torchcomms import ReduceOp, new_comm
+from torchcomms.transport import tcp_lane
+from torchcomms.transport.tcp_lane import LanePeerGone, LaneProtocolError
+from torchcomms.transport.tcp_p2p import P2P
+from torchcomms.transport.tcp_ring import as_bytes
+
+
+def _engine(ctx: RankContext) -> P2P:
+    listener = tcp_lane.listen("127.0.0.1")
+    token = f"p2p{ctx.rank}"
+    ctx.store.set(f"p2p/{ctx.rank}", f"{token} {listener.getsockname()[1]}")
+
+    def address_of(r: int) -> tuple[str, int, str]:
+        ctx.store.wait([f"p2p/{r}"])
+        theirs, port = ctx.store.get(f"p2p/{r}").decode().split()
+        return "127.0.0.1", int(port), theirs
+
+    return P2P(ctx.rank, listener, token, address_of)
+
+
+def _deadline(seconds: float = 20.0):  # type: ignore[no-untyped-def]
+    end = time.monotonic() + seconds
+
+    def between() -> None:
+        if time.monotonic() > end:
+            raise TimeoutError("p2p wait gave up")
+
+    return between
+
+
+def _tags(ctx: RankContext) -> list[float]:
+    eng = _engine(ctx)
+    between = _deadline()
+    if ctx.rank == 0:
+        sends = [
+            eng.post_send(1, tag, as_bytes(torch.full((4,), float(tag))))
+            for tag in (5, 7, 5, 9)
+        ]
+        eng.wait(sends, between)
+        ctx.store.set("sent", "1")
+        ctx.store.wait(["checked"])
+        bad = eng.post_send(1, 11, as_bytes(torch.ones(8)))
+        eng.wait([bad], between)
+        ctx.store.wait(["done"])
+        eng.close()
+        return []
+    ctx.store.wait(["sent"])  # every message is here (or on its way) before any recv
+    got = {t: torch.zeros(4) for t in ("9", "5a", "7", "5b")}
+    ops = [
+        eng.post_recv(0, 9, as_bytes(got["9"])),
+        eng.post_recv(0, 5, as_bytes(got["5a"])),
+        eng.post_recv(0, 7, as_bytes(got["7"])),
+        eng.post_recv(0, 5, as_bytes(got["5b"])),
+    ]
+    eng.wait(ops, between)
+    ctx.store.set("checked", "1")
+    small = torch.zeros(4)
+    op = eng.post_recv(0, 11, as_bytes(small))
+    try:
+        eng.wait([op], between)
+        raise AssertionError("a receive of the wrong size succeeded")
+    except LaneProtocolError as exc:
+        assert "16 B" in str(exc) and "32 B" in str(exc), exc
+    ctx.store.set("done", "1")
+    eng.close()
+    return [float(got[k][0]) for k in ("9", "5a", "7", "5b")]
+
+
+def test_tags_match_in_order_and_sizes_are_checked() -> None:
+    assert run_ranks(_tags, 2, timeout=60)[1] == [9.0, 5.0, 7.0, 5.0]
+
+
+def _both_send_first(ctx: RankContext) -> bool:
+    eng = _engine(ctx)
+    peer = 1 - ctx.rank
+    mine = torch.full((1 << 21,), float(ctx.rank))  # 8 MiB: far past any socket buffer
+    got = torch.zeros(1 << 21)
+    eng.wait([eng.post_send(peer, 0, as_bytes(mine))], _deadline())
+    eng.wait([eng.post_recv(peer, 0, as_bytes(got))], _deadline())
+    ctx.store.set(f"done/{ctx.rank}", "1")
+    ctx.store.wait(["done/0", "done/1"])
+    eng.close()
+    return bool(torch.equal(got, torch.full((1 << 21,), float(peer))))
+
+
+def test_two_ranks_that_both_send_first_finish() -> None:
+    assert run_ranks(_both_send_first, 2, timeout=60) == [True, True]
+
+
+def _busy_receiver(ctx: RankContext) -> bool:
+    comm = new_comm("gloo", torch.device("cpu"), name="busy", store=ctx.store,
+                    hints={"transport": "tcp"})  # fmt: skip
+    big = 1 << 21  # 8 MiB
+    if ctx.rank == 0:
+        got = torch.zeros(big)
+        work = comm.recv(got, 1, True)  # posted; nobody waits for it until the end
+        t = torch.ones(4)
+        comm.all_reduce(t, ReduceOp.SUM, False)  # rank 1 gets here only once its send is done
+        work.wait()
+        ok = bool(torch.equal(got, torch.full((big,), 3.0))) and float(t[0]) == 2.0
+    else:
+        comm.send(torch.full((big,), 3.0), 0, False)
+        t = torch.ones(4)
+        comm.all_reduce(t, ReduceOp.SUM, False)
+        ok = float(t[0]) == 2.0
+    comm.finalize()
+    return ok
+
+
+def test_a_posted_receive_progresses_while_its_rank_is_elsewhere() -> None:
+    assert run_ranks(_busy_receiver, 2, timeout=60) == [True, True]
+
+
+def _goodbyes(ctx: RankContext, report: str) -> str:
+    eng = _engine(ctx)
+    if ctx.rank == 1:
+        eng.wait([eng.post_send(0, 0, as_bytes(torch.ones(1)))], _deadline())
+        ctx.store.wait(["first"])
+        eng.goodbye("FAILED dead 2")
+        ctx.store.wait(["second"])
+        eng.close()
+        return ""
+    if ctx.rank == 2:
+        eng.wait([eng.post_send(0, 0, as_bytes(torch.ones(1)))], _deadline())
+        ctx.store.wait(["first"])
+        os._exit(0)  # gone without a word (the harness replaces the worker)
+    one, two = torch.zeros(1), torch.zeros(1)
+    eng.wait([eng.post_recv(1, 0, as_bytes(one)), eng.post_recv(2, 0, as_bytes(two))], _deadline())
+    ctx.store.set("first", "1")
+    seen = []
+    for peer in (1, 2):
+        try:
+            eng.wait([eng.post_recv(peer, 0, as_bytes(one))], _deadline())
+            seen.append("returned")
+        except LanePeerGone as gone:
+            seen.append(f"{gone.peer}:{gone.said}")
+    ctx.store.set("second", "1")
+    eng.close()
+    Path(report).write_text(" ".join(seen))
+    return " ".join(seen)
+
+
+def test_a_goodbye_or_a_vanished_peer_fails_the_receive(tmp_path: Path) -> None:
+    report = tmp_path / "rank0.txt"
+    with pytest.raises(RankFailure) as info:  # rank 2 vanishes (os._exit)
+        run_ranks(_goodbyes, 3, str(report), timeout=60, fresh=True)
+    assert set(info.value.died) == {2}, str(info.value)
+    assert report.read_text() == "1:FAILED dead 2 2:None"
