@@ -20,9 +20,10 @@ or an abort is seen within a slice by every survivor, and a timeout names the ra
 never entered the op.  gloo's own timeouts are a backstop past the deadline.
 
 Reductions gloo lacks (AVG, PREMUL_SUM) and the variable-size collectives are composed
-here from gloo primitives.  Point-to-point ops are posted to gloo without blocking and
-waited on by the returned completion, so mutually dependent send/recv pairs cannot
-deadlock.  Runs on the op's thread (see ``cpu_ops``); ``abort`` on any thread.
+here from gloo primitives.  Point-to-point ops are posted without blocking (to
+``tcp_p2p``, or to gloo when a comm has no engine) and waited on by the returned
+completion, so mutually dependent send/recv pairs cannot deadlock.  Runs on the op's
+thread (see ``cpu_ops``); ``abort`` on any thread.
 """
 
 from __future__ import annotations

@@ -131,7 +131,11 @@ class P2P:
         op = Transfer(peer, tag, view)
         out = self._outs.get(peer)
         if out is None:
-            out = self._outs[peer] = _Out(self._dial(peer))
+            try:
+                out = self._outs[peer] = _Out(self._dial(peer))
+            except OSError:  # refused or reset: the peer's listener is gone
+                op.error, op.done = LanePeerGone(peer, None), True
+                return op
         with self._lock:
             out.queue.append(op)
             self._pending += 1
@@ -255,6 +259,10 @@ class P2P:
                     if op.length:
                         out.parts.append(op.view)
                 left = _send_some(out.sock, out.parts)
+                if left is None:  # the connection broke: the peer is gone
+                    self._broken(op.peer, out)
+                    moved = True
+                    break
                 if left is out.parts:
                     break
                 moved = True
@@ -266,6 +274,16 @@ class P2P:
                     op.done = True
                     self._pending -= 1
         return moved
+
+    def _broken(self, peer: int, out: _Out) -> None:
+        """Sending to ``peer`` failed: fail every send queued for it."""
+        gone = LanePeerGone(peer, None)
+        with self._lock:
+            for op in out.queue:
+                op.error, op.done = gone, True
+                self._pending -= 1
+            out.queue.clear()
+            out.parts = []
 
     def _accept(self) -> None:
         while True:
@@ -380,12 +398,7 @@ class P2P:
                 self._pending -= 1
         out = self._outs.get(conn.peer)
         if out is not None and out.queue and conn.said is None:
-            with self._lock:
-                for op in out.queue:
-                    op.error, op.done = gone, True
-                    self._pending -= 1
-                out.queue.clear()
-                out.parts = []
+            self._broken(conn.peer, out)
 
     # -- ending ----------------------------------------------------------------------------
     def goodbye(self, text: str) -> None:
@@ -428,15 +441,17 @@ def _deliver(op: Transfer, data: bytearray) -> None:
     op.done = True
 
 
-def _send_some(sock: socket.socket, parts: list[memoryview | bytes]) -> list[memoryview | bytes]:
-    """Send what the socket takes now; the parts left (``parts`` itself if none went).  A
-    broken connection counts as sent: the peer's end reports it."""
+def _send_some(
+    sock: socket.socket, parts: list[memoryview | bytes]
+) -> list[memoryview | bytes] | None:
+    """Send what the socket takes now; the parts left (``parts`` itself if none went);
+    None when the connection is broken."""
     try:
         sent = sock.sendmsg(parts)
     except (BlockingIOError, InterruptedError):
         return parts
     except OSError:
-        return []
+        return None
     if sent == 0:
         return parts
     left: list[memoryview | bytes] = []
