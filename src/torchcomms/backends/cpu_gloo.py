@@ -20,9 +20,8 @@ or an abort is seen within a slice by every survivor, and a timeout names the ra
 never entered the op.  gloo's own timeouts are a backstop past the deadline.
 
 Reductions gloo lacks (AVG, PREMUL_SUM) and the variable-size collectives are composed
-here from gloo primitives.  Point-to-point ops are posted without blocking (to
-``tcp_p2p``, or to gloo when a comm has no engine) and waited on by the returned
-completion, so mutually dependent send/recv pairs cannot deadlock.  Runs on the op's
+here from gloo primitives.  Point-to-point ops are posted to ``tcp_p2p`` without
+blocking and waited on by the returned completion, so mutually dependent send/recv pairs cannot deadlock.  Runs on the op's
 thread (see ``cpu_ops``); ``abort`` on any thread.
 """
 
@@ -85,6 +84,7 @@ class GlooOps(CpuOps):
         self,
         pg: Any,
         lane: Lane,
+        p2p: P2P,
         rank: int,
         size: int,
         peers: Sequence[tuple[str, int]],
@@ -93,7 +93,6 @@ class GlooOps(CpuOps):
         check: bool = True,
         pg_timeout: timedelta = timedelta(seconds=600),
         store: Any = None,
-        p2p: P2P | None = None,
     ) -> None:
         self.pg = pg
         self.lane = lane
@@ -114,7 +113,7 @@ class GlooOps(CpuOps):
         self.exchange = Exchange(lane, rank, size, self.waiter)
         self.inline_max = self.exchange.inline_max
         self.rings = RingOps(lane, self.exchange, self.waiter, self._begin, check)
-        #: Point-to-point over direct connections (None: through gloo).
+        #: Point-to-point over direct connections.
         self.p2p = p2p
 
     def describe(self) -> str:
@@ -129,8 +128,7 @@ class GlooOps(CpuOps):
         )
         said = f"FAILED {kind if ranks else 'failed'} {','.join(map(str, ranks))}"
         self.lane.goodbye(said)
-        if self.p2p is not None:
-            self.p2p.goodbye(said)
+        self.p2p.goodbye(said)
 
     def _announce(self, ranks: list[int], text: str) -> None:
         """A mismatch, to the ranks that receive from this one (before ``fail``: they may
@@ -144,13 +142,11 @@ class GlooOps(CpuOps):
         if failed:  # unless a failure was said already (``fail``)
             self.lane.goodbye("FAILED aborted" if self.waiter.aborted else "FAILED failed")
         self.lane.close()
-        if self.p2p is not None:
-            if failed:
-                self.p2p.goodbye("FAILED aborted" if self.waiter.aborted else "FAILED failed")
-            self.p2p.close()
+        if failed:
+            self.p2p.goodbye("FAILED aborted" if self.waiter.aborted else "FAILED failed")
+        self.p2p.close()
         if self.liveness is not None:
             self.liveness.close()
-        self.waiter.close()
         if (failed or self.waiter.troubled) and self.pg is not None:
             _abandoned.append(self.pg)  # a gloo op may still run: never destroy it mid-op
         self.pg = None
@@ -502,23 +498,11 @@ class GlooOps(CpuOps):
     # -- point-to-point ------------------------------------------------------------------
     def post(self, ops: Sequence[P2POp], tag: int | None, deadline: Deadline) -> Completion:
         """Untagged messages use even tags from a per-peer sequence number, tagged ones an
-        odd tag of their own (see ``CpuOps.post``); over ``tcp_p2p`` where it is there."""
-        if self.p2p is not None:
-            return self._post_direct(self.p2p, ops, tag, deadline)
-        posted = [self._post_one(op, tag) for op in ops]
-
-        def complete() -> None:
-            for work, op, staged in posted:
-                what = "send" if op.type is P2POpType.SEND else "recv"
-                self.waiter.wait_p2p(work, deadline, what, op.peer)
-                if staged is not op.tensor and op.type is P2POpType.RECV:
-                    op.tensor.copy_(staged)
-
-        return complete
+        odd tag of their own (see ``CpuOps.post``), over ``tcp_p2p``."""
+        return self._post_direct(self.p2p, ops, tag, deadline)
 
     def unattended(self) -> None:
-        if self.p2p is not None:
-            self.p2p.kick()
+        self.p2p.kick()
 
     def _tag(self, op: P2POp, user_tag: int | None) -> int:
         if user_tag is not None:
@@ -558,16 +542,3 @@ class GlooOps(CpuOps):
                     op.tensor.copy_(staged.view(op.tensor.shape))
 
         return complete
-
-    def _post_one(self, op: P2POp, user_tag: int | None) -> tuple[Any, P2POp, torch.Tensor]:
-        tensor = op.tensor
-        staged = tensor if tensor.device.type == "cpu" else tensor.detach().to("cpu")
-        sending = op.type is P2POpType.SEND
-        tag = self._tag(op, user_tag)
-        pg = self.pg
-        try:
-            work = pg.send([staged], op.peer, tag) if sending else pg.recv([staged], op.peer, tag)
-        except RuntimeError as exc:  # e.g. the pair's connection is already broken
-            self.waiter.troubled = True
-            raise self.waiter.p2p_error(exc, "send" if sending else "recv", op.peer) from exc
-        return work, op, staged

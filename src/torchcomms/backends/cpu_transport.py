@@ -99,6 +99,7 @@ def open_transport(
     flat = GlooOps(
         pg,
         lane,
+        p2p,
         rank,
         size,
         peers,
@@ -107,7 +108,6 @@ def open_transport(
         config.mismatch_check(),
         options.timeout,
         c10d.PrefixStore("mm", store),
-        p2p,
     )
     if mode != "tcp" and cpu_hier.wanted(peers) and not cpu_shm.unsupported_reason():
         try:

@@ -3,8 +3,7 @@
 * A collective's gloo work is waited on in short slices (``SLICE``, non-destructive for
   gloo's collective works); between slices the waiter checks the abort flag, the peers'
   liveness (``cpu_liveness``) and the op's deadline.
-* A send/recv work has no future and a timed wait on it closes gloo's pair, so a helper
-  thread (a small pool per communicator) waits on it while the op thread checks in slices.
+* Send/recv do not use gloo (``transport/tcp_p2p``); their waits call ``check_p2p``.
 * A gloo error names no peer: a broken connection waits up to ``ATTRIBUTION_S`` for a
   dying local peer's pid to show, then names it.
 * A timeout names the ranks that never entered the op (from the liveness watcher's
@@ -17,10 +16,8 @@ never be destroyed (that would join the stuck call's thread).  Runs on the op's 
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -64,16 +61,10 @@ class GlooWaiter:
         #: The communicator's lane: a gloo wait also listens there for a peer's goodbye
         #: (a peer that failed says whom it blames, so this rank need not time out).
         self.lane = lane
-        self._pool: ThreadPoolExecutor | None = None
         #: Mismatches seen in part (ring ops) made whole (``gloo_mismatch``).
         self.report = MismatchReport(None, rank, 1)
         #: ``(fingerprint, seq)`` of the collective in flight, for a relayed mismatch.
         self.current: tuple[Fingerprint, int] | None = None
-
-    def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False)  # a helper stuck in gloo ends at its call's timeout
 
     def wait(
         self, work: Any, deadline: Deadline, what: str, peers: Sequence[int] | None = None
@@ -101,35 +92,6 @@ class GlooWaiter:
             except WaitError:
                 self.troubled = True  # the call still runs inside gloo
                 raise
-
-    def wait_p2p(self, work: Any, deadline: Deadline, what: str, peer: int) -> None:
-        """A gloo send/recv work has no future, and a timed wait on it closes the pair, so
-        it is waited on by a helper thread while this thread checks in slices."""
-        done = threading.Event()
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                work.wait(timedelta(seconds=deadline.left_s() + GLOO_MARGIN_S))
-            except BaseException as exc:  # handed to the op thread
-                failure.append(exc)
-            finally:
-                done.set()
-
-        pool = self._pool
-        if pool is None:
-            pool = self._pool = ThreadPoolExecutor(4, f"torchcomms-gloo-p2p-{self.rank}")
-        pool.submit(run)
-        while not done.wait(_SLICE_S):
-            try:
-                self._between_slices(deadline, what, [peer], lane_news=True)
-            except WaitError:
-                self.troubled = True  # the helper still waits inside gloo
-                raise
-        if failure:
-            self.troubled = True
-            exc = failure[0]
-            raise self.p2p_error(exc, what, peer)
 
     def check(self, deadline: Deadline, what: str) -> None:
         """Between two wait slices of a collective: abort, dead peers, the deadline."""
@@ -202,20 +164,6 @@ class GlooWaiter:
             [peer],
             f"peer rank {peer} closed its connection while this rank waited in {what}",
         )
-
-    def p2p_error(self, exc: BaseException, what: str, peer: int) -> BaseException:
-        """What a failed send/recv with ``peer`` raises: a local death if one explains it,
-        else a broken connection blames ``peer`` (the one rank this call talks to)."""
-        if not isinstance(exc, RuntimeError):
-            return exc
-        explained = self._explained(exc, what)
-        if explained is exc and _broken(str(exc)):
-            return WaitError(
-                "peer_failed",
-                [peer],
-                f"the connection to peer rank {peer} broke in {what} ({str(exc).strip()})",
-            )
-        return explained
 
     def _explained(self, exc: RuntimeError, what: str) -> RuntimeError:
         """A gloo error names no peer: a broken connection is usually a peer that is
