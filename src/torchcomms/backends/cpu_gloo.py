@@ -528,13 +528,17 @@ class GlooOps(CpuOps):
             else:
                 posted.append((op, engine.post_recv(op.peer, tag, view), staged))
         waiter = self.waiter
-        peers = sorted({op.peer for op in ops})
         what = "send" if all(op.type is P2POpType.SEND for op in ops) else "recv"
 
         def complete() -> None:
             moves: list[Transfer] = [m for _, m, _ in posted]
+
+            def between() -> None:  # the peers still waited for (not those done with)
+                peers = sorted({m.peer for m in moves if not m.done})
+                waiter.check_p2p(deadline, what, peers)
+
             try:
-                engine.wait(moves, lambda: waiter.check_p2p(deadline, what, peers))
+                engine.wait(moves, between)
             except LanePeerGone as gone:
                 raise waiter.gone(gone, what) from None
             for op, _, staged in posted:
