@@ -6,7 +6,8 @@ staging copy, and the op's header (``gloo_exchange``) rides in the first frame, 
 mismatch check costs no extra round trip.  A rank sees only its neighbour's header; a
 difference is announced around the ring and made whole by ``gloo_mismatch``.
 
-* all_reduce: ring reduce-scatter then all-gather, in place.
+* all_reduce: ring reduce-scatter (partial sums in scratch, so the caller's tensor is
+  untouched until every header passed) then all-gather into the tensor.
 * reduce_scatter: the reduce-scatter half, partial sums in scratch (the input is the
   caller's).
 * all_gather: the all-gather half, straight into the output; this rank's own chunk is
@@ -94,19 +95,16 @@ class RingOps:
         header, check, between = self._enter(fp, "all_reduce", deadline)
         plan = spans(flat.numel(), self.size)
         first, k = plan[self.rank]
-        if op.type is RedOpType.PREMUL_SUM:
-            flat.mul_(op.factor_value())
+        src = flat * op.factor_value() if op.type is RedOpType.PREMUL_SUM else flat
+        # The reduce-scatter half leaves the caller's tensor alone (partial sums in
+        # scratch): only once every rank's header passed does any byte of it change.
+        own = self.ring.scratch(flat.dtype, max(n for _, n in plan), 3)[:k]
         with self._lane_errors("all_reduce"):
             self.ring.reduce_scatter(
-                flat,
-                flat[first : first + k],
-                combiner(op, flat.dtype),
-                header,
-                check,
-                between,
-                in_place=True,
+                src, own, combiner(op, flat.dtype), header, check, between
             )
-            self.ring.all_gather(flat, plan, None, None, between)
+            self.ring.all_gather(flat, plan, None, None, between, own=own)
+        flat[first : first + k].copy_(own)
         finish_average(flat, op, self.size)
 
     def reduce_scatter(
@@ -122,7 +120,7 @@ class RingOps:
             flat_in = flat_in * op.factor_value()  # never scale the caller's input
         with self._lane_errors("reduce_scatter"):
             self.ring.reduce_scatter(
-                flat_in, out, combiner(op, out.dtype), header, check, between, in_place=False
+                flat_in, out, combiner(op, out.dtype), header, check, between
             )
         finish_average(out, op, self.size)
 

@@ -94,9 +94,10 @@ class Ring:
         self._sending: select.poll | None = None
 
     def scratch(self, dtype: torch.dtype, count: int, which: int = 0) -> torch.Tensor:
-        """Reusable receive space for ``count`` elements (``which``: one of 3 buffers)."""
+        """Reusable space for ``count`` elements (``which``: one of 4 buffers: 0 receives,
+        1 and 2 hold partial results, 3 is the caller's)."""
         item = torch.empty((), dtype=dtype).element_size()
-        need = 3 * count * item
+        need = 4 * count * item
         if self._scratch.numel() < need:
             self._scratch = torch.empty(need, dtype=torch.uint8)
         start = which * count * item
@@ -111,11 +112,10 @@ class Ring:
         header: memoryview | None,
         check: Check | None,
         between: Callable[[], None],
-        in_place: bool,
     ) -> None:
-        """Chunk ``rank`` of ``src`` (flat, ``size`` chunks by ``spans``) reduced over every
-        rank into ``own``.  ``in_place``: ``src`` may be overwritten (all-reduce), else
-        partial results go to scratch.  ``header``/``check``: the op's first frame's."""
+        """Chunk ``rank`` of ``src`` (flat, ``size`` chunks by ``spans``; only read)
+        reduced over every rank into ``own``; partial results go to scratch (buffers 0-2).
+        ``header``/``check``: the op's first frame's."""
         n, r = self.size, self.rank
         if n == 1:
             own.copy_(src)
@@ -135,12 +135,7 @@ class Ring:
             incoming = incoming_all[:k]
             first = header if s == 0 else None
             self.step(as_bytes(send), as_bytes(incoming), first, check, between)
-            if s == n - 2:
-                out = own
-            elif in_place:
-                out = chunk(c)
-            else:
-                out = self.scratch(src.dtype, biggest, 1 + s % 2)[:k]
+            out = own if s == n - 2 else self.scratch(src.dtype, biggest, 1 + s % 2)[:k]
             combine(chunk(c), incoming, out)
             send = out
 
