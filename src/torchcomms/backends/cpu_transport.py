@@ -120,6 +120,19 @@ def open_transport(
     return flat
 
 
+def _published_listener(
+    store: c10d.Store, key: str, host: str | None, hints: Mapping[str, str]
+) -> tuple[socket.socket, str]:
+    """A listener on ``host`` (loopback when every member is on this host), else on the
+    address peers reach this host by, published under ``key`` as ``token port host``."""
+    bind = host or gloo.reachable_address(store, hints.get("hostname"))
+    listener = tcp_lane.listen(bind)
+    advertised = socket.gethostname() if bind in ("0.0.0.0", "::") else bind
+    token = secrets.token_hex(8)
+    store.set(key, f"{token} {listener.getsockname()[1]} {advertised}")
+    return listener, token
+
+
 def listen_p2p(
     store: c10d.Store,
     rank: int,
@@ -129,11 +142,7 @@ def listen_p2p(
 ) -> tcp_p2p.P2P:
     """This rank's point-to-point engine (``transport.tcp_p2p``): its listener, bound as
     the lane's, published as ``p2p/{rank}``; peers are dialled on first use."""
-    bind = host or gloo.reachable_address(store, hints.get("hostname"))
-    listener = tcp_lane.listen(bind)
-    advertised = socket.gethostname() if bind in ("0.0.0.0", "::") else bind
-    token = secrets.token_hex(8)
-    store.set(f"p2p/{rank}", f"{token} {listener.getsockname()[1]} {advertised}")
+    listener, token = _published_listener(store, f"p2p/{rank}", host, hints)
 
     def address_of(r: int) -> tuple[str, int, str]:
         # Published before the lane connect, which every member finished: no wait.
@@ -161,11 +170,7 @@ def connect_lane(
     """
     what = "the tcp lane connect"
     verdict = "connected/all"  # where rank 0 says that connecting failed (``backends.cpu``)
-    bind = host or gloo.reachable_address(store, hints.get("hostname"))
-    listener = tcp_lane.listen(bind)
-    advertised = socket.gethostname() if bind in ("0.0.0.0", "::") else bind
-    token = secrets.token_hex(8)
-    store.set(f"lane/{rank}", f"{token} {listener.getsockname()[1]} {advertised}")
+    listener, token = _published_listener(store, f"lane/{rank}", host, hints)
 
     def address_of(r: int) -> tuple[str, int, str]:
         cpu_connect.wait_keys(store, {f"lane/{r}": r}, deadline, local, prefix, what, verdict)

@@ -333,6 +333,31 @@ def _send(sock: socket.socket, parts: list[bytes | memoryview], total: int) -> b
     return b"".join(bytes(p) for p in parts)[sent:]
 
 
+def send_some(
+    sock: socket.socket, parts: list[memoryview | bytes]
+) -> list[memoryview | bytes] | None:
+    """Send what a non-blocking socket takes now: the parts left (``parts`` itself if
+    nothing went), or None when the connection is broken.  For ``tcp_ring`` and
+    ``tcp_p2p``, whose sends are large and progress between reads."""
+    try:
+        sent = sock.sendmsg(parts)
+    except (BlockingIOError, InterruptedError):
+        return parts
+    except OSError:
+        return None
+    if sent == 0:
+        return parts
+    left: list[memoryview | bytes] = []
+    for i, p in enumerate(parts):
+        if sent >= len(p):
+            sent -= len(p)
+            continue
+        left.append(memoryview(p)[sent:] if sent else p)
+        left.extend(parts[i + 1 :])
+        break
+    return left
+
+
 def _send_rest(sock: socket.socket, rest: bytes) -> bytes | None:
     try:
         sent = sock.send(rest)

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from torchcomms.transport.tcp_lane import SLICE_MS, LanePeerGone, LaneProtocolError
+from torchcomms.transport.tcp_lane import SLICE_MS, LanePeerGone, LaneProtocolError, send_some
 
 _HEAD = struct.Struct("<Qq")
 _U32 = struct.Struct("<I")
@@ -258,7 +258,7 @@ class P2P:
                     out.parts = [_HEAD.pack(op.length, op.tag)]
                     if op.length:
                         out.parts.append(op.view)
-                left = _send_some(out.sock, out.parts)
+                left = send_some(out.sock, out.parts)
                 if left is None:  # the connection broke: the peer is gone
                     self._broken(op.peer, out)
                     moved = True
@@ -439,30 +439,6 @@ def _deliver(op: Transfer, data: bytearray) -> None:
     elif op.length:
         op.view[:] = data
     op.done = True
-
-
-def _send_some(
-    sock: socket.socket, parts: list[memoryview | bytes]
-) -> list[memoryview | bytes] | None:
-    """Send what the socket takes now; the parts left (``parts`` itself if none went);
-    None when the connection is broken."""
-    try:
-        sent = sock.sendmsg(parts)
-    except (BlockingIOError, InterruptedError):
-        return parts
-    except OSError:
-        return None
-    if sent == 0:
-        return parts
-    left: list[memoryview | bytes] = []
-    for i, p in enumerate(parts):
-        if sent >= len(p):
-            sent -= len(p)
-            continue
-        left.append(memoryview(p)[sent:] if sent else p)
-        left.extend(parts[i + 1 :])
-        break
-    return left
 
 
 def _hello(conn: socket.socket, token: str) -> int | None:

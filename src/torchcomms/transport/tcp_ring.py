@@ -33,7 +33,6 @@ Sends progress in the same loop, so the two directions of a step never deadlock.
 from __future__ import annotations
 
 import select
-import socket
 import struct
 import time
 from collections.abc import Callable
@@ -46,6 +45,7 @@ from torchcomms.transport.tcp_lane import (
     LanePeerGone,
     LaneProtocolError,
     LaneRound,
+    send_some,
 )
 
 _PREFIX = struct.Struct("<II")
@@ -205,9 +205,9 @@ class Ring:
         while True:
             moved = False
             if parts:
-                left = _send_some(rd.out, parts)
+                left = send_some(rd.out, parts)
                 moved = left is not parts
-                parts = left
+                parts = left or []  # broken (None) counts as sent: the receive side says who
             while stage != 3:
                 if got < len(target):
                     n = inbox.read_into(target[got:])
@@ -279,26 +279,3 @@ def _goodbye(rd: LaneRound, text_len: int) -> str:
             rd.poller.poll(SLICE_MS)
         got += max(n, 0)
     return bytes(text[:got]).decode(errors="replace")
-
-
-def _send_some(sock: socket.socket, parts: list[memoryview | bytes]) -> list[memoryview | bytes]:
-    """Send what the socket takes now; the parts still to send (``parts`` itself if none
-    went).  A broken connection counts as sent: the receive side reports the peer."""
-    try:
-        sent = sock.sendmsg(parts)
-    except (BlockingIOError, InterruptedError):
-        return parts
-    except OSError:
-        return []
-    if sent == 0:
-        return parts
-    left: list[memoryview | bytes] = []
-    for i, p in enumerate(parts):
-        size = len(p)
-        if sent >= size:
-            sent -= size
-            continue
-        left.append(memoryview(p)[sent:] if sent else p)
-        left.extend(parts[i + 1 :])
-        break
-    return left
