@@ -149,7 +149,7 @@ def listen_p2p(
         theirs, port, at = store.get(f"p2p/{r}").decode().split(" ", 2)
         return at, int(port), theirs
 
-    spin_s = 0.0 if WaitPolicy(len(local) + 1).oversubscribed else tcp_lane.SPIN_S
+    spin_s = 0.0 if WaitPolicy(len(local) + 1).oversubscribed else tcp_p2p.SPIN_S
     return tcp_p2p.P2P(rank, listener, token, address_of, spin_s)
 
 

@@ -42,6 +42,11 @@ _HEAD = struct.Struct("<Qq")
 _U32 = struct.Struct("<I")
 _GOODBYE = (1 << 64) - 1
 _IN = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
+#: How long a wait spins (non-blocking passes) before it blocks in ``poll``, when every
+#: rank of the host has a core: longer than the lane's, since a reply comes only after
+#: the peer's whole call returned and its next one started (a ``poll`` wake-up of an idle
+#: vCPU costs 0.1-4 ms here).
+SPIN_S = 1e-3
 #: How long the helper thread drives before it lets a waiting thread take over.
 _HELPER_SLICE_MS = 5
 #: How long posted ops wait for a thread of their own before the helper drives them.
