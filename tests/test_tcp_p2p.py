@@ -169,3 +169,18 @@ def test_a_goodbye_or_a_vanished_peer_fails_the_receive(tmp_path: Path) -> None:
         run_ranks(_goodbyes, 3, str(report), timeout=60, fresh=True)
     assert set(info.value.died) == {2}, str(info.value)
     assert report.read_text() == "1:FAILED dead 2 2:None"
+
+
+def test_a_send_to_a_listener_that_is_gone_fails_naming_the_peer() -> None:
+    """The dial is refused (nothing listens there any more): the send fails, it does not
+    hang or pretend to have sent."""
+    closed = tcp_lane.listen("127.0.0.1")
+    port = closed.getsockname()[1]
+    closed.close()
+    mine = tcp_lane.listen("127.0.0.1")
+    eng = P2P(0, mine, "tok", lambda r: ("127.0.0.1", port, "theirs"))
+    op = eng.post_send(3, 0, as_bytes(torch.ones(4)))
+    with pytest.raises(LanePeerGone) as info:
+        eng.wait([op], _deadline(5.0))
+    assert info.value.peer == 3 and info.value.said is None
+    eng.close()

@@ -129,6 +129,30 @@ def test_every_rank_gets_the_same_bits() -> None:
     assert len(set(results)) == 1
 
 
+def _unchecked_sizes(ctx: RankContext) -> dict[str, Any]:
+    """With the check off, ranks whose sizes differ still never overrun a tensor."""
+    comm = new_comm("gloo", torch.device("cpu"), name="ring_unchecked", store=ctx.store,
+                    abort_process_on_timeout_or_error=False)  # fmt: skip
+    n = COUNT + (8 if ctx.rank == 1 else 0)
+    t = torch.full((n + 16,), 7.0)
+    body = t[:n]
+    try:
+        comm.all_reduce(body, ReduceOp.SUM, False)
+        got = "returned"
+    except Exception as exc:
+        got = f"{type(exc).__name__}: {exc}"
+    guard = bool(torch.equal(t[n:], torch.full((16,), 7.0)))  # bytes past the tensor
+    comm.finalize()
+    return {"got": got, "guard": guard}
+
+
+def test_with_the_check_off_a_size_mismatch_fails_without_overrunning() -> None:
+    env = {**TCP, "TORCHCOMM_MISMATCH_CHECK": "0"}
+    for rank, seen in enumerate(run_ranks(_unchecked_sizes, 2, timeout=120, env=env)):
+        assert "expected" in seen["got"] and " B block" in seen["got"], (rank, seen)
+        assert seen["guard"], (rank, "wrote past the tensor")
+
+
 @pytest.mark.parametrize("hosts", [(), (0, 1, 2, 3)], ids=["one-host", "4-hosts"])
 def test_a_rank_killed_inside_a_ring_all_reduce_is_named(
     hosts: tuple[int, ...], tmp_path: Path

@@ -84,6 +84,14 @@ def _mismatch_cases(me: int, world: int) -> dict[str, Callable[[TorchComm], dict
         t = torch.full((4,), me, dtype=torch.int64)
         return outcome(lambda: c.broadcast(t, 1 if odd else 0, False))
 
+    def ring_vs_inline(c: TorchComm) -> dict[str, Any]:
+        # 1 MiB (a ring op, its frame larger than a header row) against 16 KiB (inline).
+        t = torch.full((131072 if odd else 2048,), me + 1, dtype=torch.int64)
+        before = t.clone()
+        o = outcome(lambda: c.all_reduce(t, ReduceOp.SUM, False))
+        o["unchanged"] = torch.equal(t, before)
+        return o
+
     def large_root(c: TorchComm) -> dict[str, Any]:
         # 1 MiB: the tcp path's broadcast chain (``gloo_ring_ops``); rank 1 says it is root.
         t = torch.full((131072,), me, dtype=torch.int64)
@@ -128,6 +136,7 @@ def _mismatch_cases(me: int, world: int) -> dict[str, Callable[[TorchComm], dict
         "reduce_op": reduce_op,
         "root": root,
         "op_kind": op_kind,
+        "ring_vs_inline": ring_vs_inline,
         "large_root": large_root,
         "large_op_kind": large_op_kind,
         "skipped": skipped,
@@ -144,6 +153,7 @@ MISMATCH_FIELDS = {
     "reduce_op": "reduce_op=",
     "root": "root=",
     "op_kind": "op=",
+    "ring_vs_inline": "count=",
     "large_root": "root=",
     "large_op_kind": "op=",
     "skipped": "op=",

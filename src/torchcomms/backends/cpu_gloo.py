@@ -105,11 +105,11 @@ class GlooOps(CpuOps):
         self.liveness = liveness
         self.check = check  # exchange headers on every collective (TORCHCOMM_MISMATCH_CHECK)
         self.seq = 0  # collectives entered
-        self.waiter = GlooWaiter(rank, self.dead_peers, liveness, lambda: self.seq, lane)
+        report = MismatchReport(store, rank, size, self._announce)
+        self.waiter = GlooWaiter(rank, self.dead_peers, liveness, lambda: self.seq, lane, report)
         self._send_seq: dict[int, int] = defaultdict(int)
         self._recv_seq: dict[int, int] = defaultdict(int)
         self._pg_timeout = pg_timeout
-        self.waiter.report = MismatchReport(store, rank, size, self._announce)
         self.exchange = Exchange(lane, rank, size, self.waiter)
         self.inline_max = self.exchange.inline_max
         self.rings = RingOps(lane, self.exchange, self.waiter, self._begin, check)

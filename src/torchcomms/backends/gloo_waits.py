@@ -51,6 +51,7 @@ class GlooWaiter:
         liveness: Liveness | None,
         seq: Callable[[], int],
         lane: Lane | None = None,
+        report: MismatchReport | None = None,
     ) -> None:
         self.rank = rank
         self.liveness = liveness
@@ -62,7 +63,7 @@ class GlooWaiter:
         #: (a peer that failed says whom it blames, so this rank need not time out).
         self.lane = lane
         #: Mismatches seen in part (ring ops) made whole (``gloo_mismatch``).
-        self.report = MismatchReport(None, rank, 1)
+        self.report = report if report is not None else MismatchReport(None, rank, 1)
         #: ``(fingerprint, seq)`` of the collective in flight, for a relayed mismatch.
         self.current: tuple[Fingerprint, int] | None = None
 

@@ -115,6 +115,7 @@ class P2P:
         self.spin_s = spin_s
         self._outs: dict[int, _Out] = {}
         self._ins: dict[int, _In] = {}  # by fd
+        self._dialled_in: set[int] = set()  # peers whose connection to this rank is accepted
         self._posted: dict[int, collections.deque[Transfer]] = collections.defaultdict(
             collections.deque
         )
@@ -238,7 +239,9 @@ class P2P:
         """One pass over every connection; with ``timeout_ms``, block in ``poll`` first
         when there is nothing to do.  Whether anything moved."""
         moved = self._send_all()
-        moved = self._read_all() or moved
+        # ``accept`` is a syscall: on a spin pass only when a receive waits for a peer
+        # that has not dialled in yet (a blocking pass polls the listener too).
+        moved = self._read_all(self._unconnected_receives()) or moved
         if moved or not timeout_ms:
             return moved
         poller = select.poll()
@@ -251,8 +254,13 @@ class P2P:
         if not poller.poll(timeout_ms):
             return False
         self._send_all()
-        self._read_all()
+        self._read_all(True)
         return True
+
+    def _unconnected_receives(self) -> bool:
+        """Whether a posted receive waits for a peer with no connection in yet."""
+        with self._lock:  # ``post_recv`` may add a peer meanwhile
+            return any(q and p not in self._dialled_in for p, q in self._posted.items())
 
     def _send_all(self) -> bool:
         moved = False
@@ -305,9 +313,11 @@ class P2P:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.setblocking(False)
             self._ins[conn.fileno()] = _In(conn, peer)
+            self._dialled_in.add(peer)
 
-    def _read_all(self) -> bool:
-        self._accept()
+    def _read_all(self, accept: bool) -> bool:
+        if accept:
+            self._accept()
         moved = False
         for conn in list(self._ins.values()):
             if conn.eof:
