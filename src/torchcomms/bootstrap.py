@@ -179,6 +179,19 @@ def _serve(dial: str, port: int, deadline: Deadline, where: str) -> c10d.TCPStor
     ) from failure
 
 
+def serve_free_port(dial: str, deadline: Deadline, where: str) -> c10d.TCPStore:
+    """A TCPStore server on a free port for clients that dial ``dial`` (e.g. a reconfigure
+    handle's own server)."""
+    return _serve(dial, 0, deadline, where)
+
+
+def connect_client(
+    host: str, port: int, deadline: Deadline, where: str, what: str
+) -> c10d.TCPStore:
+    """A client of the TCPStore at ``host:port``; ``what`` names it in errors."""
+    return _client(host, port, deadline, where, what, None)
+
+
 # -- rank 0's MASTER_PORT server, shared by this process's concurrent bootstraps -----------------
 class _Served:
     __slots__ = ("store", "users")
@@ -334,6 +347,12 @@ class CommStore:
     parent: CommStore | None = None  # a split child keeps its parent's store alive
     # (store, key) set on close, so the name can be claimed again (see ``_claim_name``)
     release: tuple[c10d.Store, str] | None = None
+    #: A store that outlives every member (the one given to ``new_comm``, or a file):
+    #: where the survivors of a failure agree and reconnect (``shrink``).  ``None`` when
+    #: the comm's only store is served by one of its members.
+    durable: c10d.Store | None = None
+    #: Kept alive with the store (e.g. the reconfigure server whose store this is).
+    keep: object = None
 
     def close(self) -> None:
         self.parent = None
@@ -432,13 +451,18 @@ def _generation_dup(
     deadline: Deadline,
     where: str,
     served_by: int | None,
+    durable: bool = False,
 ) -> CommStore:
-    """``_dup_store`` under ``torchcomms/<name>``, numbered per creation of the name."""
+    """``_dup_store`` under ``torchcomms/<name>``, numbered per creation of the name;
+    ``durable``: ``bootstrap`` outlives the members (a file), so recovery may use it."""
     prefixed = c10d.PrefixStore(f"torchcomms/{name}", bootstrap)
     # A launcher's store outlives our comms: number each creation of this name per rank.
     generation = _bootstrap_op(lambda: prefixed.add(f"generation/{rank}", 1), where)
     tag = f"/{generation}"
-    return _dup_store(prefixed, rank, size, timeout, deadline, tag, where, served_by)
+    comm_store = _dup_store(prefixed, rank, size, timeout, deadline, tag, where, served_by)
+    if durable:
+        comm_store.durable = c10d.PrefixStore(f"recovery{tag}", prefixed)
+    return comm_store
 
 
 def _storeless(
@@ -451,7 +475,9 @@ def _storeless(
             return CommStore(store=c10d.HashStore())
         file_store = c10d.FileStore(path, size)
         file_store.set_timeout(timeout)
-        return _generation_dup(file_store, name, rank, size, timeout, deadline, where, None)
+        return _generation_dup(
+            file_store, name, rank, size, timeout, deadline, where, None, durable=True
+        )
     addr, port = config.master_addr_port()
     if not addr:
         raise RuntimeError("MASTER_ADDR env is not set (needed when new_comm gets no store)")
@@ -501,13 +527,15 @@ def create_comm_store(
         generation = _claim_name(prefixed, rank)
         scoped = prefixed if generation == 1 else c10d.PrefixStore(f"gen{generation}", prefixed)
         release = (prefixed, f"released/{generation}/{rank}")
+        durable = c10d.PrefixStore("recovery", scoped)
         if persistent:
-            return CommStore(store=scoped, release=release)
+            return CommStore(store=scoped, release=release, durable=durable)
         if size == 1:
             comm_store = CommStore(store=c10d.HashStore())
         else:
             comm_store = _dup_store(scoped, rank, size, timeout, deadline, "", where, None)
         comm_store.release = release
+        comm_store.durable = durable
         return comm_store
     except BaseException as exc:
         _forget_frames(exc)  # a caller that keeps the exception must not keep our servers

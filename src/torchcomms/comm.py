@@ -25,7 +25,7 @@ from torchcomms import config, hook_args, registry
 from torchcomms.backends import plugin
 from torchcomms.backends.base import TorchCommBackend
 from torchcomms.backends.window_contract import WindowBackend
-from torchcomms.comm_core import FINALIZE_OP_ID, RemovableHandle
+from torchcomms.comm_core import FINALIZE_OP_ID, RemovableHandle, _next_op_id
 from torchcomms.comm_ops import BatchSendRecv, CommOps
 from torchcomms.errors import CommStateError
 from torchcomms.oprecord import OpObserver
@@ -217,15 +217,94 @@ class TorchComm(CommOps):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> TorchWork:
+        """Connect anew over the members ``init_handles`` name (every member's
+        ``get_init_handle()``; a list: rank = position, a set: the backend orders them).
+
+        Blocking; on success the comm is ready with its new rank and size, whatever state
+        it was in (an error, a revoke or an abort is left behind).  ``uuid`` must be new.
+        """
+        if self._status.state is CommState.FINALIZED:
+            raise CommStateError(f"{self._prefix('reconfigure')}the communicator was finalized")
         self._checkers.clear()  # rank and size may change
         work = self._backend.reconfigure(uuid, init_handles, timeout, hints)
         if isinstance(work, TorchWork):
             work.wait_blocking()
         else:
             work = plugin.as_work(work)
-        if self._status.state is CommState.UNINITIALIZED:
-            self._status.set(CommState.READY)
+        self._status.revive()
+        with self._abort_lock:  # a new incarnation: abort (and its hooks) may run again
+            self._aborting = self._aborted = self._abort_hooks_fired = False
+            self._abort_info = None
         return work
+
+    # -- recovery ----------------------------------------------------------------------------------
+    def revoke(self) -> None:
+        """Revoke the communicator (non-collective, ULFM's revoke).
+
+        Every member's pending and later ops raise ``CommRevokedError``: this rank's at
+        once, the others' as soon as they wait on a member that knows.  Recover with
+        ``shrink`` or ``reconfigure``.
+        """
+        state = self._status.state
+        if state in (CommState.FINALIZED, CommState.UNINITIALIZED, CommState.ABORTED):
+            self._status.check(self._prefix("revoke"), self._impl_name)
+        self._backend.revoke()
+
+    def shrink(
+        self,
+        exclude_ranks: list[int] | None = None,
+        name: str | None = None,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchComm:
+        """A new communicator of the surviving members, ranks contiguous in the old order.
+
+        Collective over the survivors, also after a failure or a revoke (ULFM's shrink).
+        ``exclude_ranks=None``: they agree on who failed, also if a member dies meanwhile;
+        a list: those ranks are left out too.  ``name`` defaults to this comm's name.
+        """
+        prefix = self._prefix("shrink")
+        state = self._status.state
+        if state in (CommState.FINALIZED, CommState.UNINITIALIZED):
+            self._status.check(prefix, self._impl_name)
+        size, rank = self.get_size(), self.get_rank()
+        excluded: list[int] | None = None
+        if exclude_ranks is not None:
+            if not isinstance(exclude_ranks, (list, tuple)) or not all(
+                isinstance(r, int) and not isinstance(r, bool) for r in exclude_ranks
+            ):
+                raise TypeError(f"{prefix}exclude_ranks must be a list of int ranks or None")
+            bad = [r for r in exclude_ranks if not 0 <= r < size]
+            if bad:
+                raise ValueError(
+                    f"{prefix}Invalid rank {bad[0]} in exclude_ranks. "
+                    f"Valid ranks are 0 to {size - 1}"
+                )
+            if rank in exclude_ranks:
+                raise ValueError(
+                    f"{prefix}exclude_ranks holds this rank ({rank}): "
+                    "excluded ranks do not call shrink"
+                )
+            excluded = sorted(set(exclude_ranks))
+        if name is None:
+            name = self.get_name()
+        elif not isinstance(name, str) or not name:
+            raise TypeError(f"{prefix}name must be a non-empty str")
+        child_options = CommOptions()
+        child_options.timeout = self._resolve_timeout(timeout, "shrink", hints)
+        child_options.abort_process_on_timeout_or_error = (
+            self._options.abort_process_on_timeout_or_error
+        )
+        child_options.hints = dict(hints or {})
+        child_backend, members = self._backend.shrink(excluded, name, child_options)
+        child = type(self)(self._backend_name, child_backend, self._device, child_options)
+        child._observers = self._observers
+        op_id = _next_op_id()
+        for observer in self._observers:
+            on_split = getattr(observer, "comm_split", None)
+            if on_split is not None:  # the flight recorder follows the new comm
+                on_split(self, child, members, op_id)
+        return child
 
     def new_window(self, tensor: torch.Tensor | None = None) -> Any:
         """A one-sided window on this comm (``torchcomms.window``); with ``tensor``, registered.

@@ -32,6 +32,10 @@ class CommAbortedError(CommError):
     """The communicator was aborted; later operations fail fast."""
 
 
+class CommRevokedError(CommError):
+    """A member revoked the communicator (``revoke()``); recover with ``shrink`` or ``reconfigure``."""
+
+
 class CollectiveMismatchError(CommError):
     """Ranks issued different collectives at the same sequence number."""
 

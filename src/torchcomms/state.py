@@ -11,6 +11,9 @@
 * ``error``: the first failure a backend reports (``fail``) is kept as the cause; every
   later op fails fast with an error of the same type that quotes it.  Any thread may
   report (an async op fails on the comm's executor thread); the first report wins.
+* ``revoke`` makes a ``CommRevokedError`` the cause (also over an earlier failure);
+  ``revive`` (a successful ``reconfigure``) returns to ``ready`` from any state but
+  ``finalized``.
 * ``aborted`` (``abort()``, from any state but ``finalized``) and ``finalized`` refuse
   every op; ``finalize`` after abort releases what is left, quietly.
 * ``failure_listener`` (set by ``TorchComm``) learns of the first failure once, after the
@@ -59,6 +62,20 @@ class CommStatus:
             self.state = CommState.ERROR
             self.cause = error
             return True
+
+    def revoke(self, error: CommError) -> None:
+        """A revoke (this rank's or a peer's) becomes the cause, over an earlier failure."""
+        with self._lock:
+            if self.state in (CommState.READY, CommState.ERROR):
+                self.state = CommState.ERROR
+                self.cause = error
+
+    def revive(self) -> None:
+        """``reconfigure`` connected the comm anew: ready, with no cause and no abort."""
+        with self._lock:
+            self.state = CommState.READY
+            self.cause = None
+            self.aborted = False
 
     def set(self, state: CommState) -> None:
         with self._lock:

@@ -103,6 +103,19 @@ class TorchCommBackend:
             f"[TorchCommBackend]: reconfigure not implemented for communicator:{self._safe_name()}"
         )
 
+    def revoke(self) -> None:
+        raise RuntimeError(
+            f"[TorchCommBackend]: revoke not implemented for communicator:{self._safe_name()}"
+        )
+
+    def shrink(
+        self, exclude: list[int] | None, name: str, options: CommOptions
+    ) -> tuple[Any, list[int]]:
+        """A communicator of the members not excluded and not failed, and their ranks here."""
+        raise RuntimeError(
+            f"[TorchCommBackend]: shrink not implemented for communicator:{self._safe_name()}"
+        )
+
     def new_window(self, tensor: torch.Tensor | None = None) -> Any:
         raise RuntimeError(f"new_window not implemented for communicator:{self._safe_name()}")
 

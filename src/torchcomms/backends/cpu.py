@@ -18,20 +18,31 @@ with the original cause, and shm peers see this rank's failed state and stop wai
 from __future__ import annotations
 
 import atexit
+import copy
 import hashlib
 import logging
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch._C._distributed_c10d as c10d
 
 from torchcomms import bootstrap, config
-from torchcomms.backends import cpu_connect, cpu_errors, cpu_shm, cpu_transport
+from torchcomms.backends import (
+    cpu_agree,
+    cpu_connect,
+    cpu_errors,
+    cpu_liveness,
+    cpu_recovery,
+    cpu_shm,
+    cpu_transport,
+)
 from torchcomms.backends._host import CPU_DTYPES
 from torchcomms.backends.contract import CommBackend
+from torchcomms.backends.cpu_dispatch import CpuDispatch, OpBody
 from torchcomms.backends.cpu_ops import Completion, CpuOps
 from torchcomms.backends.cpu_window import CpuWindow, WindowContext
 from torchcomms.backends.window_net import WindowNet
@@ -39,35 +50,20 @@ from torchcomms.bootstrap import CommStore
 from torchcomms.deadline import Deadline
 from torchcomms.errors import (
     CommError,
+    CommRevokedError,
     CommStateError,
     CommTimeoutError,
-    CommValidationError,
 )
 from torchcomms.executor import OpExecutor
 from torchcomms.state import CommState
-from torchcomms.transport import gloo
-from torchcomms.types import CommOptions, OpOptions, P2POp, P2POpType, ReduceOp
+from torchcomms.transport import gloo, shm_segment
+from torchcomms.types import CommOptions, OpOptions
 from torchcomms.work import AsyncWork, CompletedWork, TorchWork
 
 logger = logging.getLogger("torchcomms.backends.cpu")
 
 SUPPORTED_DTYPES = frozenset(CPU_DTYPES)
 
-#: One op's work on a transport: runs with the op's deadline, may leave a completion.
-OpBody = Callable[[Deadline], "Completion | None"]
-
-
-def _tag_hint(hints: dict[str, str]) -> int | None:
-    raw = hints.get("tag")
-    if raw is None:
-        return None
-    try:
-        tag = int(raw)
-    except ValueError:
-        raise CommValidationError(f"send/recv hint 'tag' must be an integer, got {raw!r}") from None
-    if tag < 0:
-        raise CommValidationError(f"send/recv hint 'tag' must be >= 0, got {tag}")
-    return tag
 
 
 def _hint_bool(hints: dict[str, str], key: str, default: bool) -> bool:
@@ -88,7 +84,7 @@ def _release_live_comms() -> None:
         comm._release(join_timeout_s=1.0)
 
 
-class TorchCommGloo(CommBackend):
+class TorchCommGloo(CpuDispatch, CommBackend):
     """CPU communicator; see the module docstring for which thread runs what."""
 
     def __init__(self) -> None:
@@ -107,9 +103,18 @@ class TorchCommGloo(CommBackend):
         self.transport = ""
         self._window_count = 0
         self._window_net: WindowNet | None = None
+        self._handle_server: cpu_recovery.HandleServer | None = None  # reconfigure mode
+        self._uuids: list[int] = []  # every uuid a reconfigure of this comm was given
+        self._shrinks = 0
 
     # -- lifecycle -----------------------------------------------------------------------------
     def init(self, device: torch.device, name: str, options: CommOptions) -> None:
+        if options.enable_reconfigure:  # members connect at reconfigure (cpu_recovery)
+            self._set_device_and_options(device, options)
+            self._name = name
+            self._timeout = options.timeout
+            self._hints = dict(options.hints)
+            return
         rank, size = bootstrap.query_ranksize()
         persistent = _hint_bool(options.hints, "persistent_store", False)
         store = bootstrap.create_comm_store(
@@ -275,8 +280,151 @@ class TorchCommGloo(CommBackend):
     def set_hints(self, hints: dict[str, str]) -> None:
         self._hints.update(hints)
 
+    # -- recovery: reconfigure, shrink, revoke ---------------------------------------------------
+    def supports_reconfigure(self) -> bool:
+        return True
+
     def get_init_handle(self) -> str:
-        return f"gloo:{self._rank}:-1:"
+        if not self._options.enable_reconfigure:
+            return f"gloo:{self._rank}:-1:"
+        uuid = self._uuids[-1] if self._rank >= 0 else -1
+        server = self._server()
+        return str(cpu_recovery.InitHandle(self._rank, uuid, server.host, server.port))
+
+    def _server(self) -> cpu_recovery.HandleServer:
+        server = self._handle_server
+        if server is None:
+            where = f"[TorchCommGloo comm={self._name}] get_init_handle: "
+            server = cpu_recovery.HandleServer(self._options.store, self._hints, where)
+            self._handle_server = server
+        return server
+
+    def reconfigure(self, uuid: int, init_handles: Any, timeout: Any, hints: Any) -> TorchWork:
+        """Connect the members named by ``init_handles`` (``cpu_recovery``); blocking."""
+        where = f"[TorchCommGloo comm={self._name} rank={self._rank}] reconfigure: "
+        if not self._options.enable_reconfigure:
+            raise CommStateError(
+                f"{where}reconfigure needs a communicator made with enable_reconfigure=True"
+            )
+        server = self._server()
+        plan = cpu_recovery.plan(uuid, init_handles, server.address, self._uuids, where)
+        options = copy.copy(self._options)
+        options.timeout = timeout if timeout is not None else self._timeout
+        options.hints = {**self._hints, **(hints or {})}
+        self._uuids.append(uuid)
+        self._release(join_timeout_s=min(options.timeout.total_seconds(), 5.0))
+        self._rank = self._size = -1
+        self._status.set(CommState.UNINITIALIZED)
+        deadline = Deadline(options.timeout)
+        store = cpu_recovery.meeting_store(server, plan, deadline, where)
+        self._connect(
+            self._device or torch.device("cpu"),
+            self._name,
+            options,
+            CommStore(store=store, keep=server),
+            plan.rank,
+            plan.size,
+        )
+        self._status.revive()
+        return CompletedWork()
+
+    def shrink(
+        self, exclude: list[int] | None, name: str, options: CommOptions
+    ) -> tuple[TorchCommGloo, list[int]]:
+        """A new comm of the members not excluded and not failed, agreed on (``cpu_agree``)."""
+        where = f"[TorchCommGloo comm={self._name} rank={self._rank}] shrink: "
+        assert self._store is not None
+        known = set(exclude or ())
+        cause = self._status.cause
+        if cause is not None:
+            known.update(cause.dead_ranks)  # gone for sure; the agreement finds the rest
+        if self._store.durable is None and 0 in known:
+            raise CommError(
+                f"{where}rank 0 served this communicator's store and failed; to shrink "
+                "past it, create the communicator with store= (or TORCHCOMM_STORE_PATH)"
+            )
+        durable = self._recovery_store()
+        deadline = Deadline(options.timeout)
+        self._shrinks += 1
+        for attempt in range(self._size):
+            base = c10d.PrefixStore(f"shrink/{self._shrinks}/{attempt}", durable)
+            failed = cpu_agree.agree_failed(
+                c10d.PrefixStore("agree", base),
+                self._rank,
+                self._size,
+                known,
+                self._peer_gone,
+                deadline,
+                where,
+            )
+            if self._rank in failed:
+                raise CommRevokedError(
+                    f"{where}the other members found this rank failed and shrank without it"
+                )
+            members = [r for r in range(self._size) if r not in failed]
+            child = TorchCommGloo()
+            try:
+                child._connect(
+                    self._device or torch.device("cpu"),
+                    name,
+                    options,
+                    CommStore(
+                        store=c10d.PrefixStore("comm", base),
+                        parent=self._store,
+                        durable=c10d.PrefixStore("next", base),
+                    ),
+                    members.index(self._rank),
+                    len(members),
+                )
+            except CommError as exc:  # a member died after the agreement: agree again
+                if not exc.dead_ranks or deadline.passed():
+                    raise
+                known = set(failed) | {members[r] for r in exc.dead_ranks}
+                continue
+            return child, members
+        raise CommError(f"{where}no attempt to shrink succeeded")
+
+    def revoke(self) -> None:
+        """Non-collective: this rank's pending and later ops raise ``CommRevokedError``.
+
+        The mark goes to the store first (a member whose op fails reads it, on the failure
+        path only), then this rank fails its transport: every member waiting on it stops at
+        once, learns it was a revoke, and passes it on the same way.
+        """
+        where = f"[TorchCommGloo comm={self._name} rank={self._rank}] revoke: "
+        ops = self._transport()
+        store = self._recovery_store()
+        cpu_liveness.within(1.0, lambda: store.set("revoked", str(self._rank)), "revoke")
+        error = CommRevokedError(f"{where}rank {self._rank} revoked the communicator")
+        error.ranks = (self._rank,)
+        self._status.revoke(error)
+        self.on_failure(error)
+        ops.abort()  # this rank's own waits end within a second
+
+    def _revoker(self) -> int | None:
+        """The rank that revoked this comm, if one did (a bounded store read)."""
+        if self._store is None:
+            return None
+        store = self._recovery_store()
+
+        def read() -> int | None:
+            return int(store.get("revoked")) if store.check(["revoked"]) else None
+
+        return cpu_liveness.within(1.0, read, "revoked")
+
+    def _recovery_store(self) -> c10d.Store:
+        """Where revoke and shrink meet: the durable store, else the comm's own."""
+        assert self._store is not None
+        durable = self._store.durable
+        return durable if durable is not None else c10d.PrefixStore("recovery", self._store.store)
+
+    def _peer_gone(self, rank: int) -> bool:
+        """Whether member ``rank``'s process is known gone (pid on this host, liveness ring)."""
+        ops = self._ops
+        if ops is not None and rank in ops.dead_peers():
+            return True
+        host, pid = self._peers[rank]
+        return host == self._peers[self._rank][0] and not shm_segment.process_alive(pid)
 
     # -- windows -------------------------------------------------------------------------------
     def new_window(self, tensor: torch.Tensor | None = None) -> CpuWindow:
@@ -403,8 +551,22 @@ class TorchCommGloo(CommBackend):
     ) -> BaseException:
         """The typed error for ``exc``; a timeout, dead peer or mismatch fails the comm."""
         dead = self._ops.dead_peers if self._ops is not None else list
-        error, failed = cpu_errors.typed_error(exc, self._prefix(opts), opts.timeout, peers, dead)
+        prefix = self._prefix(opts)
+        error, failed = cpu_errors.typed_error(exc, prefix, opts.timeout, peers, dead)
+        cause = self._status.cause
+        if isinstance(cause, CommRevokedError) and isinstance(error, CommError):
+            return CommRevokedError(f"{prefix}{cause}")  # this rank revoked, or learned of it
         if failed and isinstance(error, CommError):
+            revoker = self._revoker()  # a peer's failure may be its revoke: ask (failure path)
+            if revoker is not None:
+                error = CommRevokedError(
+                    f"{prefix}rank {revoker} revoked the communicator ({type(error).__name__}: "
+                    f"{str(error).removeprefix(prefix)})"
+                )
+                error.ranks = (revoker,)
+                self._status.revoke(error)
+                self.on_failure(error)  # pass it on: members waiting on this rank stop too
+                return error
             self.report_failure(error)
         return error
 
@@ -413,182 +575,3 @@ class TorchCommGloo(CommBackend):
         if ops is None:
             raise CommStateError(f"[TorchCommGloo comm={self._name}] TorchCommGloo not initialized")
         return ops
-
-    # -- collectives: one dispatch each --------------------------------------------------------
-    def all_reduce(
-        self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, options: OpOptions
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, lambda d: ops.all_reduce(tensor, op, d))
-
-    def reduce(
-        self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool, options: OpOptions
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, lambda d: ops.reduce(tensor, root, op, d))
-
-    def broadcast(
-        self, tensor: torch.Tensor, root: int, async_op: bool, options: OpOptions
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, lambda d: ops.broadcast(tensor, root, d))
-
-    def all_gather(
-        self,
-        tensor_list: list[torch.Tensor],
-        tensor: torch.Tensor,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, lambda d: ops.all_gather(tensor_list, tensor, d))
-
-    def all_gather_single(
-        self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, lambda d: ops.all_gather_single(output, input, d))
-
-    def all_gather_v(
-        self,
-        tensor_list: list[torch.Tensor],
-        tensor: torch.Tensor,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, lambda d: ops.all_gather_v(tensor_list, tensor, d))
-
-    def gather(
-        self,
-        output_tensor_list: list[torch.Tensor],
-        input_tensor: torch.Tensor,
-        root: int,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(
-            options, async_op, lambda d: ops.gather(output_tensor_list, input_tensor, root, d)
-        )
-
-    def gather_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        root: int,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, lambda d: ops.gather_single(output, input, root, d))
-
-    def scatter(
-        self,
-        output_tensor: torch.Tensor,
-        input_tensor_list: list[torch.Tensor],
-        root: int,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(
-            options, async_op, lambda d: ops.scatter(output_tensor, input_tensor_list, root, d)
-        )
-
-    def reduce_scatter(
-        self,
-        output: torch.Tensor,
-        input_list: list[torch.Tensor],
-        op: ReduceOp,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, lambda d: ops.reduce_scatter(output, input_list, op, d))
-
-    def reduce_scatter_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        op: ReduceOp,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(
-            options, async_op, lambda d: ops.reduce_scatter_single(output, input, op, d)
-        )
-
-    def reduce_scatter_v(
-        self,
-        output: torch.Tensor,
-        input_list: list[torch.Tensor],
-        op: ReduceOp,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(
-            options, async_op, lambda d: ops.reduce_scatter_v(output, input_list, op, d)
-        )
-
-    def all_to_all_single(
-        self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, lambda d: ops.all_to_all_single(output, input, d))
-
-    def all_to_all_v_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_split_sizes: list[int],
-        input_split_sizes: list[int],
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(
-            options,
-            async_op,
-            lambda d: ops.all_to_all_v_single(
-                output, input, output_split_sizes, input_split_sizes, d
-            ),
-        )
-
-    def all_to_all(
-        self,
-        output_tensor_list: list[torch.Tensor],
-        input_tensor_list: list[torch.Tensor],
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(
-            options, async_op, lambda d: ops.all_to_all(output_tensor_list, input_tensor_list, d)
-        )
-
-    def barrier(self, async_op: bool, options: OpOptions) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, ops.barrier)
-
-    # -- point-to-point ------------------------------------------------------------------------
-    def _p2p(self, p2p_ops: list[P2POp], async_op: bool, options: OpOptions) -> TorchWork:
-        ops = self._transport()
-        tag = _tag_hint(options.hints)
-        live = [op for op in p2p_ops if op.tensor.numel() > 0]
-
-        def body(deadline: Deadline) -> Completion | None:
-            return ops.post(live, tag, deadline) if live else None
-
-        return self._run(options, async_op, body, peers=[op.peer for op in p2p_ops])
-
-    def send(self, tensor: torch.Tensor, dst: int, async_op: bool, options: OpOptions) -> TorchWork:
-        return self._p2p([P2POp(P2POpType.SEND, tensor, dst)], async_op, options)
-
-    def recv(self, tensor: torch.Tensor, src: int, async_op: bool, options: OpOptions) -> TorchWork:
-        return self._p2p([P2POp(P2POpType.RECV, tensor, src)], async_op, options)
-
-    def batch_op_issue(self, ops: list[P2POp], async_op: bool, options: OpOptions) -> TorchWork:
-        return self._p2p(list(ops), async_op, options)

@@ -89,6 +89,16 @@ class PluginBackend(CommBackend):
     def reconfigure(self, uuid: int, init_handles: Any, timeout: Any, hints: Any) -> Any:
         return self.plugin.reconfigure(uuid, init_handles, timeout, hints)
 
+    def revoke(self) -> None:
+        self.plugin.revoke()
+
+    def shrink(
+        self, exclude: list[int] | None, name: str, options: CommOptions
+    ) -> tuple[CommBackend, list[int]]:
+        child, members = self.plugin.shrink(exclude, name, options)
+        where = f"{type(self.plugin).__name__}.shrink returned an object whose"
+        return adapt(child, where), list(members)
+
     def new_window(self, tensor: torch.Tensor | None = None) -> Any:
         return self.plugin.new_window(tensor)
 

@@ -1,0 +1,227 @@
+"""``CpuDispatch``: every op of the CPU backend as one dispatch to its transport.
+
+Each method picks the connected transport's ``CpuOps`` (``_transport``) and hands the op,
+as a body taking its deadline, to the backend's execution plumbing (``_run``: issue
+order, sync inline or async on the executor, error typing).  ``TorchCommGloo`` provides
+both; this class holds nothing of its own.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+
+import torch
+
+from torchcomms.backends.cpu_ops import Completion, CpuOps
+from torchcomms.deadline import Deadline
+from torchcomms.errors import CommValidationError
+from torchcomms.types import OpOptions, P2POp, P2POpType, ReduceOp
+from torchcomms.work import TorchWork
+
+#: One op's work on a transport: runs with the op's deadline, may leave a completion.
+OpBody = Callable[[Deadline], "Completion | None"]
+
+
+def _tag_hint(hints: dict[str, str]) -> int | None:
+    raw = hints.get("tag")
+    if raw is None:
+        return None
+    try:
+        tag = int(raw)
+    except ValueError:
+        raise CommValidationError(f"send/recv hint 'tag' must be an integer, got {raw!r}") from None
+    if tag < 0:
+        raise CommValidationError(f"send/recv hint 'tag' must be >= 0, got {tag}")
+    return tag
+
+
+class CpuDispatch(abc.ABC):
+    """The op methods of ``TorchCommGloo`` (see the module docstring)."""
+
+    @abc.abstractmethod
+    def _transport(self) -> CpuOps: ...
+
+    @abc.abstractmethod
+    def _run(
+        self, opts: OpOptions, async_op: bool, body: OpBody, peers: Sequence[int] = ()
+    ) -> TorchWork: ...
+
+    # -- collectives: one dispatch each --------------------------------------------------------
+    def all_reduce(
+        self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(options, async_op, lambda d: ops.all_reduce(tensor, op, d))
+
+    def reduce(
+        self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(options, async_op, lambda d: ops.reduce(tensor, root, op, d))
+
+    def broadcast(
+        self, tensor: torch.Tensor, root: int, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(options, async_op, lambda d: ops.broadcast(tensor, root, d))
+
+    def all_gather(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(options, async_op, lambda d: ops.all_gather(tensor_list, tensor, d))
+
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(options, async_op, lambda d: ops.all_gather_single(output, input, d))
+
+    def all_gather_v(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(options, async_op, lambda d: ops.all_gather_v(tensor_list, tensor, d))
+
+    def gather(
+        self,
+        output_tensor_list: list[torch.Tensor],
+        input_tensor: torch.Tensor,
+        root: int,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(
+            options, async_op, lambda d: ops.gather(output_tensor_list, input_tensor, root, d)
+        )
+
+    def gather_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        root: int,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(options, async_op, lambda d: ops.gather_single(output, input, root, d))
+
+    def scatter(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor_list: list[torch.Tensor],
+        root: int,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(
+            options, async_op, lambda d: ops.scatter(output_tensor, input_tensor_list, root, d)
+        )
+
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(options, async_op, lambda d: ops.reduce_scatter(output, input_list, op, d))
+
+    def reduce_scatter_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(
+            options, async_op, lambda d: ops.reduce_scatter_single(output, input, op, d)
+        )
+
+    def reduce_scatter_v(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(
+            options, async_op, lambda d: ops.reduce_scatter_v(output, input_list, op, d)
+        )
+
+    def all_to_all_single(
+        self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(options, async_op, lambda d: ops.all_to_all_single(output, input, d))
+
+    def all_to_all_v_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(
+            options,
+            async_op,
+            lambda d: ops.all_to_all_v_single(
+                output, input, output_split_sizes, input_split_sizes, d
+            ),
+        )
+
+    def all_to_all(
+        self,
+        output_tensor_list: list[torch.Tensor],
+        input_tensor_list: list[torch.Tensor],
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(
+            options, async_op, lambda d: ops.all_to_all(output_tensor_list, input_tensor_list, d)
+        )
+
+    def barrier(self, async_op: bool, options: OpOptions) -> TorchWork:
+        ops = self._transport()
+        return self._run(options, async_op, ops.barrier)
+
+    # -- point-to-point ------------------------------------------------------------------------
+    def _p2p(self, p2p_ops: list[P2POp], async_op: bool, options: OpOptions) -> TorchWork:
+        ops = self._transport()
+        tag = _tag_hint(options.hints)
+        live = [op for op in p2p_ops if op.tensor.numel() > 0]
+
+        def body(deadline: Deadline) -> Completion | None:
+            return ops.post(live, tag, deadline) if live else None
+
+        return self._run(options, async_op, body, peers=[op.peer for op in p2p_ops])
+
+    def send(self, tensor: torch.Tensor, dst: int, async_op: bool, options: OpOptions) -> TorchWork:
+        return self._p2p([P2POp(P2POpType.SEND, tensor, dst)], async_op, options)
+
+    def recv(self, tensor: torch.Tensor, src: int, async_op: bool, options: OpOptions) -> TorchWork:
+        return self._p2p([P2POp(P2POpType.RECV, tensor, src)], async_op, options)
+
+    def batch_op_issue(self, ops: list[P2POp], async_op: bool, options: OpOptions) -> TorchWork:
+        return self._p2p(list(ops), async_op, options)
