@@ -65,7 +65,6 @@ logger = logging.getLogger("torchcomms.backends.cpu")
 SUPPORTED_DTYPES = frozenset(CPU_DTYPES)
 
 
-
 def _hint_bool(hints: dict[str, str], key: str, default: bool) -> bool:
     raw = hints.get(key)
     if raw is None:

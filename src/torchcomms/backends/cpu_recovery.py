@@ -116,9 +116,7 @@ class Plan:
     prefix: str  # the key prefix of this reconfigure on that server
 
 
-def plan(
-    uuid: object, init_handles: object, own: str, used: Iterable[int], where: str
-) -> Plan:
+def plan(uuid: object, init_handles: object, own: str, used: Iterable[int], where: str) -> Plan:
     """Validate the arguments of ``reconfigure`` and work out the plan (module docstring)."""
     if isinstance(uuid, bool) or not isinstance(uuid, int):
         raise CommValidationError(f"{where}uuid must be an int, got {type(uuid).__name__}")
@@ -155,9 +153,7 @@ def plan(
     return Plan(addresses.index(own), len(handles), handles[0], f"reconfigure/{uuid}/{digest}")
 
 
-def meeting_store(
-    server: HandleServer, chosen: Plan, deadline: Deadline, where: str
-) -> c10d.Store:
+def meeting_store(server: HandleServer, chosen: Plan, deadline: Deadline, where: str) -> c10d.Store:
     """The store the members meet on: this process's own server when it leads."""
     leader = chosen.leader
     if chosen.size == 1:
