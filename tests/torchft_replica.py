@@ -1,0 +1,95 @@
+"""One torchft replica for ``tests/test_torchft.py``: a Manager over our gloo communicator.
+
+Run as ``python -m tests.torchft_replica REPLICA_ID CTRL_PORT``, with ``TORCHFT_LIGHTHOUSE``
+set.  Each step it averages a gradient ``[value, one-hot of the replica]``, value being the
+replica's number + 1 (r0 → 1.0, r1 → 2.0, r2 → 3.0), through ``torchft.torchcomms.ProcessGroupTorchComms`` and, when the
+Manager says so, commits it into ``w``.  One line per step on stdout
+(``STEP {json}``) tells the test what happened; it stops once its step reaches the one
+the test's control store holds as ``stop`` (the same for all: none is left waiting for a
+quorum).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from datetime import timedelta
+
+import torch
+from torch.distributed import TCPStore
+
+
+def main(replica_id: str, ctrl_port: int) -> None:
+    from torchft.manager import Manager
+    from torchft.torchcomms import ProcessGroupTorchComms
+
+    import torchcomms
+
+    logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
+    ctrl = TCPStore("127.0.0.1", ctrl_port, is_master=False, timeout=timedelta(seconds=60))
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    comm = torchcomms.new_comm(
+        "gloo",
+        torch.device("cpu"),
+        name=f"ft_{replica_id}",
+        store=store,
+        enable_reconfigure=True,
+        timeout=timedelta(seconds=5),
+        abort_process_on_timeout_or_error=False,
+    )
+    pg = ProcessGroupTorchComms(comm)
+    w = torch.zeros(4)
+    manager = Manager(
+        pg=pg,
+        load_state_dict=lambda sd: w.copy_(sd["w"]),
+        state_dict=lambda: {"w": w.clone()},
+        min_replica_size=2,
+        use_async_quorum=False,
+        replica_id=replica_id,
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        rank=0,
+        world_size=1,
+        timeout=timedelta(seconds=10),
+        quorum_timeout=timedelta(seconds=30),
+        connect_timeout=timedelta(seconds=10),
+    )
+    ctrl.set(f"ready/{replica_id}", "1")
+    index = int(replica_id[1:])
+    # [value, one-hot of the replica]: the average times n says exactly who took part.
+    mine = torch.zeros(4)
+    mine[0] = float(index + 1)
+    mine[1 + index] = 1.0
+    while not (ctrl.check(["stop"]) and manager.current_step() >= int(ctrl.get("stop"))):
+        manager.start_quorum()
+        healed = manager.current_step()
+        grad = mine.clone()
+        ok = manager.allreduce(grad).wait()
+        committed = manager.should_commit()
+        if committed:
+            w.add_(grad)
+        record = {
+            "rid": replica_id,
+            "step": manager.current_step(),
+            "start_step": healed,
+            "quorum": manager._quorum_id,
+            "n": manager.num_participants(),
+            "ok": bool(ok),
+            "commit": committed,
+            "avg": grad[0].item(),
+            "members": [
+                i for i in range(3) if round(grad[1 + i].item() * manager.num_participants()) == 1
+            ],
+            "w": w.tolist(),
+            "comm": [comm.get_rank(), comm.get_size()],
+        }
+        print("STEP " + json.dumps(record), flush=True)
+        time.sleep(0.05)
+    manager.shutdown(wait=False)
+    pg.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))
