@@ -417,6 +417,12 @@ class TorchCommGloo(CpuDispatch, CommBackend):
         durable = self._store.durable
         return durable if durable is not None else c10d.PrefixStore("recovery", self._store.store)
 
+    def c10d_meeting(self) -> tuple[c10d.Store, list[str], str]:
+        """Where a c10d group over these members can connect: (store, hosts, my host)."""
+        assert self._store is not None
+        hosts = [host for host, _ in self._peers]
+        return self._store.store, hosts, hosts[self._rank]
+
     def _peer_gone(self, rank: int) -> bool:
         """Whether member ``rank``'s process is known gone (pid on this host, liveness ring)."""
         ops = self._ops
