@@ -295,7 +295,8 @@ class TorchComm(CommOps):
         child_options.abort_process_on_timeout_or_error = (
             self._options.abort_process_on_timeout_or_error
         )
-        child_options.hints = dict(hints or {})
+        # Unlike split's, a shrunk comm keeps the parent's settings (transport, ...).
+        child_options.hints = {**self._options.hints, **(hints or {})}
         child_backend, members = self._backend.shrink(excluded, name, child_options)
         child = type(self)(self._backend_name, child_backend, self._device, child_options)
         child._observers = self._observers

@@ -273,6 +273,17 @@ def netns_rank_main() -> None:
     x = torch.full((64,), rank, dtype=torch.int64)
     seen = {"all_reduce": outcome(lambda: comm.all_reduce(x, ReduceOp.SUM, False))}
     seen["transport"] = {"type": None, "text": str(comm.get_backend_impl().transport)}  # type: ignore[attr-defined]
+    if os.environ.get("CHAOS_SHRINK") == "1":  # the survivors go on without the dead rank
+        start = time.monotonic()
+        small = comm.shrink()
+        y = torch.full((64,), rank, dtype=torch.int64)
+        small.all_reduce(y, ReduceOp.SUM, False)
+        seen["shrink"] = {
+            "rank_size": [small.get_rank(), small.get_size()],
+            "sum": int(y[0]),
+            "s": time.monotonic() - start,
+            "transport": str(small.get_backend_impl().transport),  # type: ignore[attr-defined]
+        }
     (out / f"rank{rank}.json").write_text(json.dumps(seen))
     give_up = time.monotonic() + 60  # stay alive until every survivor reported: an exited
     while not (out / "done").exists() and time.monotonic() < give_up:  # rank is a dead one

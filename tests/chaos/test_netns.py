@@ -2,7 +2,8 @@
 
 Four ranks, two per namespace (a UTS-free variant: the host identity comes from
 ``TORCHCOMM_HOST_ID``, the address gloo uses from ``TORCHCOMM_GLOO_HOSTNAME``).  Faults:
-a rank on the second host SIGKILLed, and the link cut (``ip link set … down``).  Skips
+a rank on the second host SIGKILLed (the survivors then ``shrink`` and go on), and the
+link cut (``ip link set … down``).  Skips
 cleanly without root or iproute2.
 """
 
@@ -44,6 +45,7 @@ def _run_trial(tmp: Path, transport: str, fault: str) -> dict[int, dict[str, obj
                     CHAOS_TIMEOUT_S=str(TIMEOUT_S * scale),
                     CHAOS_TRANSPORT=transport,
                     CHAOS_OUT=str(tmp),
+                    CHAOS_SHRINK="1" if fault == "kill" else "0",
                 )
                 procs.append(
                     subprocess.Popen(
@@ -108,6 +110,10 @@ def test_a_rank_killed_on_another_host_is_named_by_every_survivor(
         for live in (0, 1, 2):
             assert f"peer rank {live} " not in o["text"], (rank, o)  # type: ignore[index]
         assert o["s"] < DEAD_BOUND_S, (rank, o)  # type: ignore[index]
+        # Then the survivors shrink and go on: ranks 0, 1, 2 keep their numbers.
+        small = got["shrink"]
+        assert small["rank_size"] == [rank, 3] and small["sum"] == 3, (rank, small)  # type: ignore[index]
+        assert str(small["transport"]).startswith(expected), (rank, small)  # type: ignore[index]
 
 
 @pytest.mark.netns

@@ -53,6 +53,7 @@ from torchcomms.errors import (
     CommRevokedError,
     CommStateError,
     CommTimeoutError,
+    PeerFailureError,
 )
 from torchcomms.executor import OpExecutor
 from torchcomms.state import CommState
@@ -562,7 +563,11 @@ class TorchCommGloo(CpuDispatch, CommBackend):
         if isinstance(cause, CommRevokedError) and isinstance(error, CommError):
             return CommRevokedError(f"{prefix}{cause}")  # this rank revoked, or learned of it
         if failed and isinstance(error, CommError):
-            revoker = self._revoker()  # a peer's failure may be its revoke: ask (failure path)
+            # A peer that failed without dying may have revoked: ask the store (the failure
+            # path only; never for a death or a timeout, whose store may be out of reach).
+            revoker = None
+            if isinstance(error, PeerFailureError) and not error.dead_ranks:
+                revoker = self._revoker()
             if revoker is not None:
                 error = CommRevokedError(
                     f"{prefix}rank {revoker} revoked the communicator ({type(error).__name__}: "

@@ -86,6 +86,7 @@ class Liveness:
         #: The collective this rank entered last (written by the op thread).
         self.seq = 0
         self._published = 0
+        self._publishing = True
         #: Ranks whose process is known gone, sorted.
         self.dead: tuple[int, ...] = ()
         self._stop = threading.Event()
@@ -104,12 +105,15 @@ class Liveness:
                 break
             self.check_pids()
             seq = self.seq
-            if seq != self._published:
+            if seq != self._published and self._publishing:
                 try:
                     self._store.set(f"seq/{self.rank}", str(seq))
                     self._published = seq
-                except Exception:  # the store's host may be gone; pids still tell
-                    logger.debug("liveness: publishing seq failed", exc_info=True)
+                except Exception:
+                    # The store's server is gone (its rank died): stop, or c10d would log a
+                    # broken pipe every period.  Pids and the ring still tell who is alive.
+                    self._publishing = False
+                    logger.debug("liveness: publishing seq failed; stopped", exc_info=True)
         if ring is not None:
             ring.close()
 
