@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -269,3 +271,20 @@ def test_shrink_after_kill(placement: str, second: bool, tmp_path: Path) -> None
         assert seen["rank_size"] == [new_rank, len(survivors)], (rank, seen)
         assert seen["sum"] == sum(survivors), (rank, seen)
         assert seen["members"] == survivors, (rank, seen)
+
+
+# -- the example ---------------------------------------------------------------------------------
+def test_elastic_shrink_example() -> None:
+    """``examples/elastic_shrink.py``: a rank killed mid-training, the survivors finish."""
+    repo = Path(__file__).resolve().parent.parent
+    args = ["--nproc", "3", "--steps", "6", "--kill-rank", "1", "--kill-step", "3"]
+    proc = subprocess.run(
+        [sys.executable, "examples/elastic_shrink.py", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "ok: rank 1 was killed at step 3; 2 ranks finished 6 steps" in proc.stdout, proc.stdout
+    assert "now rank 1 of 2; redoing step" in proc.stdout, proc.stdout
