@@ -1049,8 +1049,15 @@ def test_built_backends_and_reconfigure_support() -> None:
     assert not torchcomms.is_backend_built("no_such_backend")
     built = torchcomms.built_backends()
     assert "fake" in built and "gloo" in built
-    with pytest.raises(RuntimeError, match="enable_reconfigure=true is not supported"):
-        new_comm("gloo", CPU, name="reconf", enable_reconfigure=True)
+    # gloo supports reconfigure: the comm waits, unconnected, for its first reconfigure.
+    gloo_comm = new_comm("gloo", CPU, name="reconf", enable_reconfigure=True)
+    assert gloo_comm.get_init_handle().startswith("gloo:-1:-1:127.0.0.1:")
+    with pytest.raises(torchcomms.CommStateError, match=r"reconfigure\(\) has not been called yet"):
+        gloo_comm.barrier(False)
+    gloo_comm.reconfigure(0, [gloo_comm.get_init_handle()])
+    assert (gloo_comm.get_rank(), gloo_comm.get_size()) == (0, 1)
+    gloo_comm.barrier(False)
+    gloo_comm.finalize()
     register_backend("dummy_py", DummyPyBackend)
     with pytest.raises(RuntimeError, match="enable_reconfigure=true is not supported"):
         new_comm("dummy_py", CPU, name="reconf", enable_reconfigure=True)

@@ -225,6 +225,7 @@ class TorchComm(CommOps):
         """
         if self._status.state is CommState.FINALIZED:
             raise CommStateError(f"{self._prefix('reconfigure')}the communicator was finalized")
+        timeout = self._resolve_timeout(timeout, "reconfigure", hints)
         self._checkers.clear()  # rank and size may change
         work = self._backend.reconfigure(uuid, init_handles, timeout, hints)
         if isinstance(work, TorchWork):

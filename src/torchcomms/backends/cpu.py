@@ -196,6 +196,7 @@ class TorchCommGloo(CpuDispatch, CommBackend):
 
     def finalize(self) -> None:
         self._release(join_timeout_s=self._timeout.total_seconds())
+        self._handle_server = None  # its store server stops once no comm store keeps it
 
     def _release(self, join_timeout_s: float) -> None:
         """Finish queued ops (bounded), then drop the transport and the store."""
@@ -474,14 +475,17 @@ class TorchCommGloo(CpuDispatch, CommBackend):
         generation = self._split_counts[key]
         self._split_counts[key] += 1
         digest = hashlib.sha1(",".join(map(str, ranks)).encode()).hexdigest()[:16]
-        child_store = c10d.PrefixStore(f"split/{name}/{digest}/{generation}", self._store.store)
+        where = f"split/{name}/{digest}/{generation}"
+        child_store = c10d.PrefixStore(where, self._store.store)
+        parent_durable = self._store.durable
+        durable = None if parent_durable is None else c10d.PrefixStore(where, parent_durable)
         child = TorchCommGloo()
         # The child keeps the parent's store (and rank 0's server) alive while it lives.
         child._connect(
             self._device or torch.device("cpu"),
             name,
             options,
-            CommStore(store=child_store, parent=self._store),
+            CommStore(store=child_store, parent=self._store, durable=durable),
             ranks.index(self._rank),
             len(ranks),
         )
