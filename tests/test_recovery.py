@@ -59,6 +59,18 @@ def _sum(comm: TorchComm, value: int) -> int:
     return int(t[0])
 
 
+def _comm(ctx: RankContext, name: str, transport: str, **kwargs: Any) -> TorchComm:
+    return new_comm(
+        "gloo",
+        CPU,
+        name=name,
+        store=ctx.store,
+        timeout=timedelta(seconds=kwargs.pop("timeout_s", 20)),
+        hints={"transport": transport},
+        **kwargs,
+    )
+
+
 def _exchange(ctx: RankContext, key: str, value: str) -> list[str]:
     ctx.store.set(f"{key}/{ctx.rank}", value)
     return [ctx.store.get(f"{key}/{r}").decode() for r in range(ctx.world_size)]
@@ -68,15 +80,7 @@ def _exchange(ctx: RankContext, key: str, value: str) -> list[str]:
 def _reconfigure_cases(ctx: RankContext, transport: str, hosts: tuple[int, ...]) -> dict[str, Any]:
     _place(ctx, hosts)
     me, world = ctx.rank, ctx.world_size
-    comm = new_comm(
-        "gloo",
-        CPU,
-        name="reconf",
-        store=ctx.store,
-        timeout=timedelta(seconds=30),
-        enable_reconfigure=True,
-        hints={"transport": transport},
-    )
+    comm = _comm(ctx, "reconf", transport, timeout_s=30, enable_reconfigure=True)
     with pytest.raises(CommStateError, match=r"reconfigure\(\) has not been called yet"):
         comm.all_reduce(torch.ones(2), ReduceOp.SUM, False)
     handle = comm.get_init_handle()
@@ -161,14 +165,7 @@ def test_reconfigure(placement: str) -> None:
 def _revoke_cases(ctx: RankContext, transport: str, hosts: tuple[int, ...]) -> dict[str, Any]:
     _place(ctx, hosts)
     me, world = ctx.rank, ctx.world_size
-    comm = new_comm(
-        "gloo",
-        CPU,
-        name="revoke",
-        store=ctx.store,
-        timeout=timedelta(seconds=20),
-        hints={"transport": transport},
-    )
+    comm = _comm(ctx, "revoke", transport)
     assert _sum(comm, 1) == world
     seen: dict[str, Any] = {}
     if me == 0:
@@ -209,14 +206,7 @@ def _shrink_after_kill(
     """Rank 1 is SIGKILLed; with ``second``, rank 3 dies too, during the agreement."""
     _place(ctx, hosts)
     me, world = ctx.rank, ctx.world_size
-    comm = new_comm(
-        "gloo",
-        CPU,
-        name="shrink",
-        store=ctx.store,
-        timeout=timedelta(seconds=20),
-        hints={"transport": transport},
-    )
+    comm = _comm(ctx, "shrink", transport)
     assert _sum(comm, 1) == world
     if me == 1:
         os.kill(os.getpid(), signal.SIGKILL)

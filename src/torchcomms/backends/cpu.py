@@ -565,7 +565,10 @@ class TorchCommGloo(CpuDispatch, CommBackend):
         error, failed = cpu_errors.typed_error(exc, prefix, opts.timeout, peers, dead)
         cause = self._status.cause
         if isinstance(cause, CommRevokedError) and isinstance(error, CommError):
-            return CommRevokedError(f"{prefix}{cause}")  # this rank revoked, or learned of it
+            # This rank revoked, or learned of it: the op ends as revoked, whatever it saw.
+            revoked = CommRevokedError(f"{prefix}the communicator was revoked ({cause})")
+            revoked.ranks = cause.ranks
+            return revoked
         if failed and isinstance(error, CommError):
             # A peer that failed without dying may have revoked: ask the store (the failure
             # path only; never for a death or a timeout, whose store may be out of reach).
