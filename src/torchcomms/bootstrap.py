@@ -53,6 +53,7 @@ import torch._C._distributed_c10d as c10d
 from torchcomms import config
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError, CommTimeoutError, PeerFailureError
+from torchcomms.store_counts import CountingStore
 from torchcomms.transport.gloo import underlying_tcp_host
 from torchcomms.transport.listen import listen_socket
 
@@ -520,9 +521,15 @@ def create_comm_store(
     """Build the store of a new communicator (see the module docstring for the protocol)."""
     deadline = Deadline(timeout)
     where = f"[comm={name} rank={rank}] new_comm bootstrap"
+    counting = config.store_counts()
+    if counting and store is not None:
+        store = CountingStore(store)
     try:
         if store is None:
-            return _storeless(name, rank, size, timeout, deadline, where)
+            comm_store = _storeless(name, rank, size, timeout, deadline, where)
+            if counting:
+                comm_store.store = CountingStore(comm_store.store)
+            return comm_store
         prefixed = c10d.PrefixStore(name, store)
         generation = _claim_name(prefixed, rank)
         scoped = prefixed if generation == 1 else c10d.PrefixStore(f"gen{generation}", prefixed)
@@ -534,6 +541,8 @@ def create_comm_store(
             comm_store = CommStore(store=c10d.HashStore())
         else:
             comm_store = _dup_store(scoped, rank, size, timeout, deadline, "", where, None)
+            if counting:
+                comm_store.store = CountingStore(comm_store.store)
         comm_store.release = release
         comm_store.durable = durable
         return comm_store

@@ -93,6 +93,11 @@ def master_addr_port() -> tuple[str | None, int | None]:
     return env_str("MASTER_ADDR"), env_int("MASTER_PORT")
 
 
+def store_counts() -> bool:
+    """``TORCHCOMM_STORE_COUNTS``: count every store operation of new comms (``store_counts``)."""
+    return env_bool("TORCHCOMM_STORE_COUNTS", False)
+
+
 def store_path() -> str | None:
     """``TORCHCOMM_STORE_PATH``: bootstrap through a FileStore at this path instead of TCP."""
     return env_str("TORCHCOMM_STORE_PATH")

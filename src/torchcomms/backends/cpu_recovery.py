@@ -28,6 +28,7 @@ import torch._C._distributed_c10d as c10d
 from torchcomms import bootstrap, config
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommValidationError
+from torchcomms.store_counts import CountingStore
 from torchcomms.transport.gloo import reachable_address
 
 BACKEND = "gloo"
@@ -164,4 +165,6 @@ def meeting_store(server: HandleServer, chosen: Plan, deadline: Deadline, where:
         base = bootstrap.connect_client(
             leader.host, leader.port, deadline, where, "the first handle's server (new rank 0)"
         )
+    if config.store_counts():
+        base = CountingStore(base)
     return c10d.PrefixStore(chosen.prefix, base)

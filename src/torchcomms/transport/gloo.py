@@ -104,6 +104,10 @@ def underlying_tcp_host(store: c10d.Store) -> str | None:
         if isinstance(current, c10d.PrefixStore):
             current = current.underlying_store
             continue
+        inner = getattr(current, "inner", None)  # a CountingStore (TORCHCOMM_STORE_COUNTS)
+        if isinstance(inner, c10d.Store):
+            current = inner
+            continue
         return None
     return None
 

@@ -1,0 +1,208 @@
+"""What creating, splitting and reconfiguring a communicator costs per rank, counted.
+
+    python benchmarks/diagnostics/scale_counts.py [--sizes 2,4,8,16,32,64] \
+        [--transports auto,tcp] [--json out.json]
+
+For each world size N and transport, N ranks are forked from this process (oversubscribed
+past 2 cores: counts, not times, are the measure) and the store is served by a process
+of its own.  With ``TORCHCOMM_STORE_COUNTS=1`` every store operation of the comms is
+counted (``torchcomms.store_counts``: ours and gloo's).  Per rank and phase it records:
+
+* store operations by kind; ``polls`` are the ``check`` calls waits poll with, ``ops``
+  the rest (the operations that move keys);
+* sockets and threads the process holds after the phase, shared-memory bytes it maps;
+* the phase's wall time (on 2 cores at N = 64 it measures the CPU, not the algorithm).
+
+Phases: ``new_comm`` (the world), ``split`` (two halves), ``reconfigure`` (a comm made
+with ``enable_reconfigure=True``, all members, handles exchanged through the store: the
+exchange is not counted, the reconfigure is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from _doc import write_doc
+
+PHASES = ("new_comm", "split", "reconfigure")
+
+
+def _serve(port: int, ready: Any, stop: Any) -> None:
+    store = dist.TCPStore("127.0.0.1", port, None, True, wait_for_workers=False)
+    ready.put(1)
+    stop.get()
+    del store
+    os._exit(0)
+
+
+def _resources() -> dict[str, int]:
+    fds = os.listdir("/proc/self/fd")
+    sockets = 0
+    for fd in fds:
+        with contextlib.suppress(OSError):  # an fd closed meanwhile
+            sockets += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+    shm = 0
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            parts = line.split()
+            if len(parts) >= 6 and parts[5].startswith("/dev/shm/"):
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                shm += hi - lo
+    return {
+        "sockets": sockets,
+        "threads": len(os.listdir("/proc/self/task")),
+        "shm_bytes": shm,
+    }
+
+
+def _rank(rank: int, world: int, port: int, transport: str, q: Any) -> None:
+    os.environ.update(TORCHCOMM_RANK=str(rank), TORCHCOMM_SIZE=str(world))
+    os.environ.update(TORCHCOMM_STORE_COUNTS="1", TORCHCOMM_ABORT_ON_ERROR="0")
+    import torchcomms
+    from torchcomms import store_counts
+
+    store = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=300))
+    hints = {"transport": transport}
+    cpu = torch.device("cpu")
+    timeout = timedelta(seconds=300)
+    rows: dict[str, Any] = {}
+
+    def phase(name: str, call: Any) -> Any:
+        before = store_counts.snapshot()
+        start = time.monotonic()
+        result = call()
+        seconds = time.monotonic() - start
+        rows[name] = {
+            "store": store_counts.diff(store_counts.snapshot(), before),
+            "s": seconds,
+            **_resources(),
+        }
+        return result
+
+    comm = phase(
+        "new_comm",
+        lambda: torchcomms.new_comm(
+            "gloo", cpu, name="scale", store=store, timeout=timeout, hints=hints
+        ),
+    )
+    half = world // 2
+    mine = list(range(half)) if rank < half else list(range(half, world))
+    child = phase("split", lambda: comm.split(mine, "half"))
+    re = torchcomms.new_comm(
+        "gloo",
+        cpu,
+        name="scale_re",
+        store=store,
+        timeout=timeout,
+        hints=hints,
+        enable_reconfigure=True,
+    )
+    store.set(f"handle/{rank}", re.get_init_handle())
+    store.wait([f"handle/{r}" for r in range(world)])
+    handles = [store.get(f"handle/{r}").decode() for r in range(world)]
+    phase("reconfigure", lambda: re.reconfigure(1, handles))
+    t = torch.ones(4)
+    for c in (comm, child, re):
+        c.all_reduce(t, torchcomms.ReduceOp.SUM, False)  # every comm works
+    q.put((rank, rows))
+    store.set(f"done/{rank}", "1")
+    store.wait([f"done/{r}" for r in range(world)])
+    for c in (re, child, comm):
+        c.finalize()
+    os._exit(0)
+
+
+def _trial(world: int, transport: str) -> list[tuple[int, dict[str, Any]]]:
+    ctx = mp.get_context("fork")
+    q = ctx.SimpleQueue()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ready, stop = ctx.SimpleQueue(), ctx.SimpleQueue()
+    server = ctx.Process(target=_serve, args=(port, ready, stop))
+    server.start()
+    ready.get()
+    procs = [ctx.Process(target=_rank, args=(r, world, port, transport, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    got = [q.get() for _ in range(world)]
+    for p in procs:
+        p.join(120)
+        if p.is_alive():
+            p.kill()
+    stop.put(1)
+    server.join(10)
+    return sorted(got)
+
+
+def _summary(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    def ops(row: dict[str, Any]) -> int:
+        return sum(v for k, v in row["store"].items() if not k.startswith("bytes") and k != "check")
+
+    polls = [row["store"].get("check", 0) for row in per_rank]
+    counts = [ops(row) for row in per_rank]
+    kinds: dict[str, int] = {}
+    for row in per_rank:
+        for k, v in row["store"].items():
+            kinds[k] = kinds.get(k, 0) + v
+    return {
+        "ops_per_rank_max": max(counts),
+        "ops_per_rank_median": statistics.median(counts),
+        "ops_rank0": counts[0],
+        "ops_total": sum(counts),
+        "polls_per_rank_median": statistics.median(polls),
+        "polls_total": sum(polls),
+        "bytes_total": kinds.get("bytes_out", 0) + kinds.get("bytes_in", 0),
+        "by_kind_total": kinds,
+        "sockets_per_rank_max": max(r["sockets"] for r in per_rank),
+        "threads_per_rank_max": max(r["threads"] for r in per_rank),
+        "shm_bytes_per_rank_max": max(r["shm_bytes"] for r in per_rank),
+        "seconds_max": round(max(r["s"] for r in per_rank), 3),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="2,4,8,16,32,64")
+    ap.add_argument("--transports", default="auto,tcp")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    results: dict[str, Any] = {}
+    for transport in args.transports.split(","):
+        for world in (int(x) for x in args.sizes.split(",")):
+            got = _trial(world, transport)
+            for phase in PHASES:
+                summary = _summary([rows[phase] for _, rows in got])
+                results[f"{transport}/{world}/{phase}"] = summary
+                print(
+                    f"{transport:5s} N={world:3d} {phase:12s} ops/rank max "
+                    f"{summary['ops_per_rank_max']:5d} (rank 0 {summary['ops_rank0']:5d}) "
+                    f"total {summary['ops_total']:6d}  polls/rank {summary['polls_per_rank_median']:6.0f}"
+                    f"  sockets {summary['sockets_per_rank_max']:4d} threads "
+                    f"{summary['threads_per_rank_max']:3d} shm {summary['shm_bytes_per_rank_max'] >> 20:4d} MiB"
+                    f"  {summary['seconds_max']:.2f} s",
+                    flush=True,
+                )
+    if args.json:
+        write_doc(
+            args.json,
+            f"python benchmarks/diagnostics/scale_counts.py --sizes {args.sizes} "
+            f"--transports {args.transports}",
+            results,
+            what="per phase: store operations (ops: all but check; polls: check) per rank and "
+            "in total, sockets/threads/shm per rank after the phase, slowest rank's seconds",
+        )
+
+
+if __name__ == "__main__":
+    main()

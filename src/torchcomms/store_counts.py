@@ -1,0 +1,106 @@
+"""Counting what communicators ask of their stores (``TORCHCOMM_STORE_COUNTS=1``).
+
+With the setting on, ``bootstrap.create_comm_store`` wraps the store a communicator is
+given and the store it moves to in a ``CountingStore``, so every operation on them,
+ours and gloo's (its C++ calls reach a Python store too), adds to this process's
+``COUNTS``: operations by kind and bytes each way.  ``check`` is how waits poll here,
+so it is counted apart from the operations that move keys.  Off (the default), nothing
+is wrapped and nothing is counted.
+
+Read it around the call to measure (``snapshot()`` before and after, ``diff``); the
+scale diagnostics (``benchmarks/diagnostics/scale_counts.py``) do, per rank.  Any thread
+may count (gloo's threads do); a lock guards ``COUNTS``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import torch._C._distributed_c10d as c10d
+
+#: Operations by kind (``set``, ``get``, ``check``, ...) plus ``bytes_out`` / ``bytes_in``.
+COUNTS: Counter[str] = Counter()
+_lock = threading.Lock()
+_alive: list[CountingStore] = []
+
+
+def _count(kind: str, out: int = 0, back: int = 0) -> None:
+    with _lock:
+        COUNTS[kind] += 1
+        COUNTS["bytes_out"] += out
+        COUNTS["bytes_in"] += back
+
+
+def snapshot() -> dict[str, int]:
+    with _lock:
+        return dict(COUNTS)
+
+
+def diff(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    """What happened between two snapshots, kinds that did not change left out."""
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+
+def _size(value: Any) -> int:
+    return len(value.encode()) if isinstance(value, str) else len(value)
+
+
+class CountingStore(c10d.Store):
+    """A store that forwards every call to ``inner`` and counts it in ``COUNTS``."""
+
+    def __init__(self, inner: c10d.Store) -> None:
+        super().__init__()
+        self.inner = inner
+        # A PrefixStore over this one holds only its C++ half: were the Python object
+        # collected, calls through it would fail ("Not implemented").  Counting is a
+        # diagnostic mode: these live as long as the process.
+        with _lock:
+            _alive.append(self)
+
+    def set(self, key: str, value: Any) -> None:
+        _count("set", len(key) + _size(value))
+        self.inner.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        value = self.inner.get(key)
+        _count("get", len(key), len(value))
+        return value
+
+    def add(self, key: str, amount: int) -> int:
+        _count("add", len(key) + 8, 8)
+        return int(self.inner.add(key, amount))
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        value = self.inner.compare_set(key, expected, desired)
+        _count("compare_set", len(key) + _size(expected) + _size(desired), len(value))
+        return value
+
+    def check(self, keys: list[str]) -> bool:
+        _count("check", sum(len(k) for k in keys), 1)
+        return bool(self.inner.check(keys))
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        _count("wait", sum(len(k) for k in keys))
+        if timeout is None:
+            self.inner.wait(keys)
+        else:
+            self.inner.wait(keys, timeout)
+
+    def delete_key(self, key: str) -> bool:
+        _count("delete_key", len(key), 1)
+        return bool(self.inner.delete_key(key))
+
+    def num_keys(self) -> int:
+        _count("num_keys", 0, 8)
+        return int(self.inner.num_keys())
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self.inner.set_timeout(timeout)
+
+    @property
+    def timeout(self) -> timedelta:
+        found: timedelta = getattr(self.inner, "timeout", timedelta(seconds=300))
+        return found
