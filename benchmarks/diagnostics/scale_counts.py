@@ -159,6 +159,7 @@ def _summary(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         "ops_per_rank_max": max(counts),
         "ops_per_rank_median": statistics.median(counts),
         "ops_rank0": counts[0],
+        "ops_others_max": max(counts[1:], default=0),
         "ops_total": sum(counts),
         "polls_per_rank_median": statistics.median(polls),
         "polls_total": sum(polls),
@@ -185,8 +186,8 @@ def main() -> None:
                 summary = _summary([rows[phase] for _, rows in got])
                 results[f"{transport}/{world}/{phase}"] = summary
                 print(
-                    f"{transport:5s} N={world:3d} {phase:12s} ops/rank max "
-                    f"{summary['ops_per_rank_max']:5d} (rank 0 {summary['ops_rank0']:5d}) "
+                    f"{transport:5s} N={world:3d} {phase:12s} ops: rank 0 "
+                    f"{summary['ops_rank0']:5d}, others max {summary['ops_others_max']:5d}, "
                     f"total {summary['ops_total']:6d}  polls/rank {summary['polls_per_rank_median']:6.0f}"
                     f"  sockets {summary['sockets_per_rank_max']:4d} threads "
                     f"{summary['threads_per_rank_max']:3d} shm {summary['shm_bytes_per_rank_max'] >> 20:4d} MiB"

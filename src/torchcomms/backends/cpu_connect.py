@@ -14,6 +14,7 @@ Runs on the thread that creates the communicator.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -194,13 +195,35 @@ def rendezvous(
 def exchange_identities(
     store: c10d.Store, rank: int, size: int, identity: str, deadline: Deadline, prefix: str
 ) -> list[tuple[str, int]]:
-    """Every member's (host identity, pid), in comm rank order, through the store."""
-    store.set(f"host/{rank}", f"{identity}\n{os.getpid()}")
-    keys = {f"host/{r}": r for r in range(size)}
-    wait_keys(store, keys, deadline, {}, prefix, "the identity exchange")
+    """Every member's (host identity, pid), in comm rank order, through the store.
+
+    Rank 0 gathers them and publishes one list under ``host/all`` (or, if a member never
+    arrives, whom it blames: ``publish_failure``): O(1) store round trips for the other
+    members, O(N) for rank 0, O(N) in total.
+    """
+    mine = f"{identity}\n{os.getpid()}"
+    what = "the identity exchange"
+    if size == 1:
+        values = [mine]
+    elif rank == 0:
+        keys = {f"host/{r}": r for r in range(1, size)}
+        try:
+            wait_keys(store, keys, deadline, {}, prefix, what)
+        except CommError as exc:
+            publish_failure(store, "host/all", exc)
+            raise
+        values = [mine] + [store.get(key).decode() for key in keys]
+        store.set("host/all", "ok " + json.dumps(values))
+    else:
+        store.set(f"host/{rank}", mine)
+        wait_keys(store, {"host/all": 0}, deadline, {}, prefix, what)
+        verdict = store.get("host/all").decode()
+        if not verdict.startswith("ok "):
+            raise failure_from(verdict, prefix, what)
+        values = json.loads(verdict[3:])
     peers = []
-    for key in keys:
-        host, _, pid = store.get(key).decode().rpartition("\n")
+    for value in values:
+        host, _, pid = value.rpartition("\n")
         peers.append((host, int(pid)))
     return peers
 
