@@ -13,7 +13,9 @@ counted (``torchcomms.store_counts``: ours and gloo's).  Per rank and phase it r
 * sockets and threads the process holds after the phase, shared-memory bytes it maps;
 * the phase's wall time (on 2 cores at N = 64 it measures the CPU, not the algorithm).
 
-Phases: ``new_comm`` (the world), ``split`` (two halves), ``reconfigure`` (a comm made
+Phases: ``new_comm`` (the world), a first 1 MiB ``all_reduce`` (the tcp lane's ring) and
+a first ``all_to_all`` (gloo's pairs; ``--lazy`` makes gloo connect them only then),
+``split`` (two halves), ``reconfigure`` (a comm made
 with ``enable_reconfigure=True``, all members, handles exchanged through the store: the
 exchange is not counted, the reconfigure is).
 """
@@ -34,7 +36,7 @@ import torch
 import torch.distributed as dist
 from _doc import write_doc
 
-PHASES = ("new_comm", "split", "reconfigure")
+PHASES = ("new_comm", "all_reduce", "all_to_all", "split", "reconfigure")
 
 
 def _serve(port: int, ready: Any, stop: Any) -> None:
@@ -95,6 +97,12 @@ def _rank(rank: int, world: int, port: int, transport: str, q: Any) -> None:
             "gloo", cpu, name="scale", store=store, timeout=timeout, hints=hints
         ),
     )
+    # Sockets a first ring all_reduce (the lane's) and a first all_to_all (gloo's) add:
+    # with TORCHCOMM_GLOO_LAZY_INIT=1 gloo connects a pair only at its first op.
+    big = torch.ones(262144)
+    phase("all_reduce", lambda: comm.all_reduce(big, torchcomms.ReduceOp.SUM, False))
+    a2a = torch.ones(world * 4)
+    phase("all_to_all", lambda: comm.all_to_all_single(torch.empty_like(a2a), a2a, False))
     half = world // 2
     mine = list(range(half)) if rank < half else list(range(half, world))
     child = phase("split", lambda: comm.split(mine, "half"))
@@ -176,8 +184,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="2,4,8,16,32,64")
     ap.add_argument("--transports", default="auto,tcp")
+    ap.add_argument("--lazy", action="store_true", help="TORCHCOMM_GLOO_LAZY_INIT=1")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.lazy:
+        os.environ["TORCHCOMM_GLOO_LAZY_INIT"] = "1"
     results: dict[str, Any] = {}
     for transport in args.transports.split(","):
         for world in (int(x) for x in args.sizes.split(",")):
@@ -198,7 +209,7 @@ def main() -> None:
         write_doc(
             args.json,
             f"python benchmarks/diagnostics/scale_counts.py --sizes {args.sizes} "
-            f"--transports {args.transports}",
+            f"--transports {args.transports}" + (" --lazy" if args.lazy else ""),
             results,
             what="per phase: store operations (ops: all but check; polls: check) per rank and "
             "in total, sockets/threads/shm per rank after the phase, slowest rank's seconds",

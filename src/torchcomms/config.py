@@ -93,6 +93,19 @@ def master_addr_port() -> tuple[str | None, int | None]:
     return env_str("MASTER_ADDR"), env_int("MASTER_PORT")
 
 
+def gloo_lazy_init(hint: str | None) -> bool:
+    """Whether gloo connects a pair at its first op (hint ``lazy``, else
+    ``TORCHCOMM_GLOO_LAZY_INIT``) or all pairs at connect.
+
+    Eager by default, unlike upstream's proposal: with torch 2.13's lazy gloo, the first
+    cross-host all_reduce of a hierarchical comm never completed here (both leaders waited
+    the full timeout; ``tests/test_shm_hier.py``).
+    """
+    if hint is not None:
+        return parse_bool("hint lazy", hint)
+    return env_bool("TORCHCOMM_GLOO_LAZY_INIT", False)
+
+
 def store_counts() -> bool:
     """``TORCHCOMM_STORE_COUNTS``: count every store operation of new comms (``store_counts``)."""
     return env_bool("TORCHCOMM_STORE_COUNTS", False)

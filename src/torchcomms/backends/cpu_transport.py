@@ -55,7 +55,7 @@ def open_transport(
                 f"comm={name}",
             )
         )
-    lazy = True if "lazy" in options.hints else None
+    lazy = config.gloo_lazy_init(options.hints.get("lazy"))
     hosts = [host for host, _ in peers]
     desc, device = gloo.choose_device(options.hints, hosts, hosts[rank], lazy)
     local = cpu_connect.local_pids(peers, rank)
