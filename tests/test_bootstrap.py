@@ -152,10 +152,10 @@ def test_storeless_bootstrap_via_master_addr_port(world_size: int) -> None:
 
 
 def _explicit_store_cases(ctx: RankContext) -> None:
-    rank, size = ctx.rank, ctx.world_size
+    size = ctx.world_size
 
     # Default: the given store only bootstraps a private store; the comm's own keys (here the
-    # per-rank host identity exchanged at connect time) live in the private store.
+    # host identities rank 0 publishes at connect time) live in the private store.
     bootstrap_only = _gloo("bootstrap_only", store=ctx.store)
     _sum_check(bootstrap_only, 1, "non-persistent store")
     given = PrefixStore("bootstrap_only", ctx.store)

@@ -1,0 +1,199 @@
+"""Project ``new_comm``'s store load to 1k, 10k and 100k ranks from measured constants.
+
+    python benchmarks/diagnostics/scale_model.py \
+        [--counts benchmarks/results/issue17/scale_counts_after.json] \
+        [--lazy-counts benchmarks/results/issue17/scale_counts_after_lazy.json] \
+        [--clients 8] [--ops 4000] [--json out.json]
+
+1. Measures one TCPStore here: the round-trip time of one client's ``set``/``get``/
+   ``check``, and the throughput of ``--clients`` forked clients hammering it at once.
+2. Takes the per-rank store operations of ``new_comm`` from the scale counts
+   (``scale_counts.py``): a member other than rank 0 (a + b*log2(N): constant on shm,
+   the lane's neighbours on tcp with lazy gloo; a + b*N with eager gloo's full mesh) and
+   rank 0 (a + c*N: it gathers the identities), fitted over N = 2 ... 64.
+3. Projects, per N: total operations; the store's busy time (total / throughput); rank
+   0's gather, which is serial (its operations x round trip); and the liveness
+   watcher's load while ops run (one ``set`` per rank per period, 50 ms by default).
+
+The model is only as good as its inputs: a 2-core VM's throughput is a floor, and a real
+deployment's network round trip replaces the loopback one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import socket
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+from _doc import write_doc
+
+PROJECT = (1_000, 10_000, 100_000)
+LIVENESS_PERIOD_S = 0.05
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _serve(port: int, ready: Any, stop: Any) -> None:
+    store = dist.TCPStore("127.0.0.1", port, None, True, wait_for_workers=False)
+    ready.put(1)
+    stop.get()
+    del store
+    os._exit(0)
+
+
+def _client(port: int, index: int, ops: int, start: Any, q: Any) -> None:
+    store = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=60))
+    start.wait()
+    t0 = time.monotonic()
+    for i in range(ops // 2):
+        store.set(f"c{index}/{i % 64}", "x" * 32)
+        store.get(f"c{index}/{i % 64}")
+    q.put(time.monotonic() - t0)
+    os._exit(0)
+
+
+def measure_store(clients: int, ops: int) -> dict[str, float]:
+    """One client's round trip, and ``clients`` clients' aggregate ops/s, on one server."""
+    ctx = mp.get_context("fork")
+    port = _free_port()
+    ready, stop = ctx.SimpleQueue(), ctx.SimpleQueue()
+    server = ctx.Process(target=_serve, args=(port, ready, stop))
+    server.start()
+    ready.get()
+    try:
+        one = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=60))
+        one.set("warm", "1")
+        t0 = time.monotonic()
+        for _ in range(1000):
+            one.check(["warm"])
+        rtt = (time.monotonic() - t0) / 1000
+        start = ctx.Event()
+        q = ctx.SimpleQueue()
+        procs = [ctx.Process(target=_client, args=(port, i, ops, start, q)) for i in range(clients)]
+        for p in procs:
+            p.start()
+        time.sleep(1.0)  # every client connected
+        t0 = time.monotonic()
+        start.set()
+        for _ in procs:
+            q.get()
+        wall = time.monotonic() - t0
+        for p in procs:
+            p.join(10)
+        return {"rtt_s": rtt, "throughput_ops_s": clients * (ops // 2) * 2 / wall}
+    finally:
+        stop.put(1)
+        server.join(10)
+
+
+def _fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least squares ``y = a + b x``."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+    return my - b * mx, b
+
+
+def _x(n: float, form: str) -> float:
+    return math.log2(n) if form == "log" else n
+
+
+def fit(path: str, transport: str, form: str) -> dict[str, Any]:
+    """Fits over the measured sizes: a member as ``a + b*f(N)`` (f: log2 or N), rank 0
+    as ``a + c*N``."""
+    with open(path) as f:
+        rows = json.load(f)["results"]
+    sizes = sorted(
+        int(k.split("/")[1]) for k in rows if k.startswith(f"{transport}/") and "new_comm" in k
+    )
+    others = [rows[f"{transport}/{n}/new_comm"]["ops_others_max"] for n in sizes]
+    rank0 = [rows[f"{transport}/{n}/new_comm"]["ops_rank0"] for n in sizes]
+    a_o, b_o = _fit_line([_x(n, form) for n in sizes], [float(v) for v in others])
+    a_0, c_0 = _fit_line([float(n) for n in sizes], [float(v) for v in rank0])
+    return {
+        "sizes": sizes,
+        "others_measured": others,
+        "rank0_measured": rank0,
+        "others_fit": f"{a_o:.1f} + {b_o:.2f} * {'log2(N)' if form == 'log' else 'N'}",
+        "rank0_fit": f"{a_0:.1f} + {c_0:.2f} * N",
+        "_others": (a_o, b_o, form),
+        "_rank0": (a_0, c_0),
+    }
+
+
+def project(model: dict[str, Any], store: dict[str, float]) -> dict[str, Any]:
+    a_o, b_o, form = model["_others"]
+    a_0, c_0 = model["_rank0"]
+    out = {}
+    for n in PROJECT:
+        others = a_o + b_o * _x(n, form)
+        rank0 = a_0 + c_0 * n
+        total = (n - 1) * others + rank0
+        out[str(n)] = {
+            "ops_per_member": round(others, 1),
+            "ops_rank0": round(rank0),
+            "ops_total": round(total),
+            "store_busy_s": round(total / store["throughput_ops_s"], 2),
+            "rank0_serial_s": round(rank0 * store["rtt_s"], 2),
+            "liveness_ops_s_while_ops_run": round(n / LIVENESS_PERIOD_S),
+            "liveness_share_of_store": round(n / LIVENESS_PERIOD_S / store["throughput_ops_s"], 2),
+        }
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--counts", default="../results/issue17/scale_counts_after.json")
+    ap.add_argument("--lazy-counts", default="../results/issue17/scale_counts_after_lazy.json")
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--ops", type=int, default=4000)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    store = measure_store(args.clients, args.ops)
+    print(
+        f"TCPStore here: round trip {store['rtt_s'] * 1e6:.0f} us, "
+        f"{store['throughput_ops_s']:.0f} ops/s with {args.clients} clients",
+        flush=True,
+    )
+    results: dict[str, Any] = {"store": store}
+    for label, path, transport, form in (
+        ("shm", args.counts, "auto", "log"),
+        ("tcp-eager", args.counts, "tcp", "linear"),  # gloo's full mesh: every peer's address
+        ("tcp-lazy", args.lazy_counts, "tcp", "log"),  # the lane's Bruck neighbours
+    ):
+        model = fit(path, transport, form)
+        proj = project(model, store)
+        results[label] = {k: v for k, v in model.items() if not k.startswith("_")}
+        results[label]["projection"] = proj
+        print(f"{label}: member {model['others_fit']}, rank 0 {model['rank0_fit']}")
+        for n, row in proj.items():
+            print(
+                f"  N={int(n):>7,}: total {row['ops_total']:>11,} ops, store busy "
+                f"{row['store_busy_s']:8.2f} s, rank 0 serial {row['rank0_serial_s']:7.2f} s, "
+                f"liveness {row['liveness_ops_s_while_ops_run']:>9,} sets/s "
+                f"({row['liveness_share_of_store']:.2f}x the store)"
+            )
+    if args.json:
+        write_doc(
+            args.json,
+            f"python benchmarks/diagnostics/scale_model.py --clients {args.clients} "
+            f"--ops {args.ops}",
+            results,
+            what="fits of new_comm's per-rank store operations; projections at 1k/10k/100k",
+        )
+
+
+if __name__ == "__main__":
+    main()
