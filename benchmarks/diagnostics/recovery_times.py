@@ -30,7 +30,6 @@ import multiprocessing as mp
 import os
 import random
 import signal
-import socket
 import statistics
 import time
 from typing import Any
@@ -38,18 +37,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from _doc import write_doc
+from _store_server import served_store
 
 PLACEMENTS = ("shm", "tcp", "tcp-hosts", "hier")
 TRIAL_DEADLINE_S = 90.0
-
-
-def _serve(port: int, ready: Any, stop: Any) -> None:
-    """The store's own process: serve until the parent says stop."""
-    store = dist.TCPStore("127.0.0.1", port, None, True, wait_for_workers=False)
-    ready.put(1)
-    stop.get()
-    del store
-    os._exit(0)
 
 
 def _env(rank: int, world: int, placement: str) -> None:
@@ -133,15 +124,13 @@ def _rank(
 
 
 def _trial(world: int, placement: str, rng: random.Random) -> dict[str, Any]:
+    with served_store() as port:
+        return _run_trial(world, port, placement, rng)
+
+
+def _run_trial(world: int, port: int, placement: str, rng: random.Random) -> dict[str, Any]:
     ctx = mp.get_context("fork")
     q = ctx.SimpleQueue()  # put() writes at once: ranks end with os._exit
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    ready, stop = ctx.SimpleQueue(), ctx.SimpleQueue()
-    server = ctx.Process(target=_serve, args=(port, ready, stop))
-    server.start()
-    ready.get()
     order = list(range(world))
     rng.shuffle(order)
     victims = order[:-1]
@@ -174,8 +163,6 @@ def _trial(world: int, placement: str, rng: random.Random) -> dict[str, Any]:
         if p.is_alive():
             p.kill()
             p.join(5)
-    stop.put(1)
-    server.join(5)
     return {"rounds": rounds, "wrong": wrong, "hang": not done, "victims": victims}
 
 

@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import multiprocessing as mp
 import os
-import socket
 import statistics
 import time
 from datetime import timedelta
@@ -35,16 +34,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from _doc import write_doc
+from _store_server import served_store
 
 PHASES = ("new_comm", "all_reduce", "all_to_all", "split", "reconfigure")
-
-
-def _serve(port: int, ready: Any, stop: Any) -> None:
-    store = dist.TCPStore("127.0.0.1", port, None, True, wait_for_workers=False)
-    ready.put(1)
-    stop.get()
-    del store
-    os._exit(0)
 
 
 def _resources() -> dict[str, int]:
@@ -133,23 +125,17 @@ def _rank(rank: int, world: int, port: int, transport: str, q: Any) -> None:
 def _trial(world: int, transport: str) -> list[tuple[int, dict[str, Any]]]:
     ctx = mp.get_context("fork")
     q = ctx.SimpleQueue()
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    ready, stop = ctx.SimpleQueue(), ctx.SimpleQueue()
-    server = ctx.Process(target=_serve, args=(port, ready, stop))
-    server.start()
-    ready.get()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, transport, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    got = [q.get() for _ in range(world)]
-    for p in procs:
-        p.join(120)
-        if p.is_alive():
-            p.kill()
-    stop.put(1)
-    server.join(10)
+    with served_store() as port:
+        procs = [
+            ctx.Process(target=_rank, args=(r, world, port, transport, q)) for r in range(world)
+        ]
+        for p in procs:
+            p.start()
+        got = [q.get() for _ in range(world)]
+        for p in procs:
+            p.join(120)
+            if p.is_alive():
+                p.kill()
     return sorted(got)
 
 

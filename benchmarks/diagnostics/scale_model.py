@@ -26,30 +26,16 @@ import json
 import math
 import multiprocessing as mp
 import os
-import socket
 import time
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 from _doc import write_doc
+from _store_server import served_store
 
 PROJECT = (1_000, 10_000, 100_000)
 LIVENESS_PERIOD_S = 0.05
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _serve(port: int, ready: Any, stop: Any) -> None:
-    store = dist.TCPStore("127.0.0.1", port, None, True, wait_for_workers=False)
-    ready.put(1)
-    stop.get()
-    del store
-    os._exit(0)
 
 
 def _client(port: int, index: int, ops: int, start: Any, q: Any) -> None:
@@ -66,12 +52,7 @@ def _client(port: int, index: int, ops: int, start: Any, q: Any) -> None:
 def measure_store(clients: int, ops: int) -> dict[str, float]:
     """One client's round trip, and ``clients`` clients' aggregate ops/s, on one server."""
     ctx = mp.get_context("fork")
-    port = _free_port()
-    ready, stop = ctx.SimpleQueue(), ctx.SimpleQueue()
-    server = ctx.Process(target=_serve, args=(port, ready, stop))
-    server.start()
-    ready.get()
-    try:
+    with served_store() as port:
         one = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=60))
         one.set("warm", "1")
         t0 = time.monotonic()
@@ -92,9 +73,6 @@ def measure_store(clients: int, ops: int) -> dict[str, float]:
         for p in procs:
             p.join(10)
         return {"rtt_s": rtt, "throughput_ops_s": clients * (ops // 2) * 2 / wall}
-    finally:
-        stop.put(1)
-        server.join(10)
 
 
 def _fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
