@@ -15,6 +15,7 @@ counted (``torchcomms.store_counts``: ours and gloo's).  Per rank and phase it r
 
 Phases: ``new_comm`` (the world), a first 1 MiB ``all_reduce`` (the tcp lane's ring) and
 a first ``all_to_all`` (gloo's pairs; ``--lazy`` makes gloo connect them only then),
+``ops_loop`` (2 s of small all_reduces: the liveness watcher's store load, per second),
 ``split`` (two halves), ``reconfigure`` (a comm made
 with ``enable_reconfigure=True``, all members, handles exchanged through the store: the
 exchange is not counted, the reconfigure is).
@@ -36,7 +37,9 @@ import torch.distributed as dist
 from _doc import write_doc
 from _store_server import served_store
 
-PHASES = ("new_comm", "all_reduce", "all_to_all", "split", "reconfigure")
+PHASES = ("new_comm", "all_reduce", "all_to_all", "ops_loop", "split", "reconfigure")
+#: How long the ``ops_loop`` phase runs small all_reduces.
+OPS_SECONDS = 2.0
 
 
 def _resources() -> dict[str, int]:
@@ -95,6 +98,18 @@ def _rank(rank: int, world: int, port: int, transport: str, q: Any) -> None:
     phase("all_reduce", lambda: comm.all_reduce(big, torchcomms.ReduceOp.SUM, False))
     a2a = torch.ones(world * 4)
     phase("all_to_all", lambda: comm.all_to_all_single(torch.empty_like(a2a), a2a, False))
+
+    # The steady state: small all_reduces for a while.  The store operations here are the
+    # liveness watcher's (one publish per rank per period at most, while ops run).
+    def busy() -> None:
+        end = time.monotonic() + OPS_SECONDS
+        while True:  # every rank stops at the same op: once any rank's time is up
+            t = torch.tensor([float(time.monotonic() >= end)])
+            comm.all_reduce(t, torchcomms.ReduceOp.SUM, False)
+            if t[0] > 0:
+                break
+
+    phase("ops_loop", busy)
     half = world // 2
     mine = list(range(half)) if rank < half else list(range(half, world))
     child = phase("split", lambda: comm.split(mine, "half"))
@@ -163,6 +178,9 @@ def _summary(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         "threads_per_rank_max": max(r["threads"] for r in per_rank),
         "shm_bytes_per_rank_max": max(r["shm_bytes"] for r in per_rank),
         "seconds_max": round(max(r["s"] for r in per_rank), 3),
+        "ops_per_rank_per_s": round(
+            statistics.median(c / r["s"] for c, r in zip(counts, per_rank, strict=True)), 2
+        ),
     }
 
 
