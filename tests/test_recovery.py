@@ -281,3 +281,54 @@ def test_elastic_shrink_example() -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "ok: rank 1 was killed at step 3; 2 ranks finished 6 steps" in proc.stdout, proc.stdout
     assert "now rank 1 of 2; redoing step" in proc.stdout, proc.stdout
+
+
+# -- refused arguments (one process) -------------------------------------------------------------
+def test_recovery_arguments_are_refused_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHCOMM_RANK", "0")
+    monkeypatch.setenv("TORCHCOMM_SIZE", "1")
+    store = torch.distributed.HashStore()
+    comm = new_comm("gloo", CPU, name="refusals", store=store, timeout=timedelta(seconds=10))
+    with pytest.raises(TypeError, match="exclude_ranks must be a list of int ranks"):
+        comm.shrink(exclude_ranks="0")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="Invalid rank 5 in exclude_ranks"):
+        comm.shrink(exclude_ranks=[5])
+    with pytest.raises(ValueError, match=r"exclude_ranks holds this rank \(0\)"):
+        comm.shrink(exclude_ranks=[0])
+    with pytest.raises(TypeError, match="name must be a non-empty str"):
+        comm.shrink(name="")
+    with pytest.raises(RuntimeError, match="Invalid value for environment variable hint lazy"):
+        new_comm(
+            "gloo", CPU, name="badlazy", store=store, hints={"lazy": "maybe", "transport": "tcp"}
+        )
+    alone = comm.shrink()  # nobody failed: a comm of the one member
+    assert (alone.get_rank(), alone.get_size()) == (0, 1) and _sum(alone, 3) == 3
+    alone.finalize()
+    comm.finalize()
+    with pytest.raises(CommStateError, match="finalized"):
+        comm.revoke()
+
+    re = new_comm("gloo", CPU, name="refusals_re", store=store, enable_reconfigure=True)
+    with pytest.raises(CommStateError, match=r"reconfigure\(\) has not been called yet"):
+        re.revoke()
+    handle = re.get_init_handle()
+    with pytest.raises(CommValidationError, match="uuid must be an int"):
+        re.reconfigure("1", [handle])  # type: ignore[arg-type]
+    with pytest.raises(CommValidationError, match="uuid must be >= 0"):
+        re.reconfigure(-1, [handle])
+    with pytest.raises(CommValidationError, match="init_handles must not be empty"):
+        re.reconfigure(1, [])
+    with pytest.raises(CommValidationError, match="must hold str handles"):
+        re.reconfigure(1, [handle, 7])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="timeout must be positive"):
+        re.reconfigure(1, [handle], timeout=timedelta(0))
+    re.reconfigure(1, {handle})
+    assert (re.get_rank(), re.get_size()) == (0, 1) and _sum(re, 4) == 4
+    re.revoke()
+    with pytest.raises(CommRevokedError, match="rank 0 revoked"):
+        _sum(re, 1)
+    re.reconfigure(2, [re.get_init_handle()])  # a revoked comm reconfigures to a working one
+    assert _sum(re, 5) == 5
+    re.finalize()
+    with pytest.raises(CommStateError, match="finalized"):
+        re.reconfigure(3, [handle])
