@@ -439,7 +439,9 @@ def test_unmodified_fr_trace_names_the_rank_that_skipped(tmp_path: Path) -> None
     results = run_ranks(_skip_one, 3, timeout=120, env=env, fresh=True)
     for r in (0, 1):
         assert f"[flight recorder dump: {dump_dir / f'rank_{r}'}]" in results[r]["error"]
-    assert 0 <= results[2]["signal_lag"] < 1.0, results[2]
+    # The kernel stamps mtime from its coarse clock, up to a tick (4-10 ms) behind
+    # time.time(): a dump written within that tick of the signal can look "earlier".
+    assert -0.02 <= results[2]["signal_lag"] < 1.0, results[2]
     assert sorted(os.listdir(dump_dir)) == ["rank_0", "rank_1", "rank_2"]
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(dump_dir)],
