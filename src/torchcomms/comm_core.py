@@ -48,7 +48,7 @@ from torchcomms.oprecord import OpObserver, OpRecord
 from torchcomms.state import CommState, CommStatus
 from torchcomms.types import AbortInfo, AbortReason, CommOptions, OpName, OpOptions
 from torchcomms.validation import Checker
-from torchcomms.work import TorchWork
+from torchcomms.work import CompletedWork, TorchWork
 
 FINALIZE_OP_ID = 2**64 - 1
 #: The exit code of a process ended by ``abort_process_on_timeout_or_error``.
@@ -59,20 +59,17 @@ _ABORTED = CommState.ABORTED
 
 logger = logging.getLogger("torchcomms.comm_core")
 
+#: ``next()`` on an ``itertools.count`` is one C call that holds the GIL throughout, so
+#: op ids are unique across threads without a lock.
 _op_ids = itertools.count()
-_op_id_lock = threading.Lock()
-
-
-def _next_op_id() -> int:
-    with _op_id_lock:
-        return next(_op_ids)
+_next_op_id = _op_ids.__next__
 
 
 PreHook = Callable[[OpName, int, Any], None]
 PostHook = Callable[[int, Any], None]
 AbortHook = Callable[[], None]
-#: Calls the backend for one op, given its resolved options.
-BackendCall = Callable[[OpOptions], TorchWork]
+#: One op's backend method (``CommBackend``), called as ``call(*call_args, options)``.
+BackendCall = Callable[..., TorchWork]
 
 
 def _exit_process(code: int) -> None:
@@ -292,7 +289,7 @@ class CommCore:
         self, name: OpName, pre_args: Any, timeout: timedelta | None, hints: Any
     ) -> tuple[int, timedelta]:
         """Resolve the timeout, take an op_id, run the pre-hooks: ``(op_id, timeout)``."""
-        resolved = self._resolve_timeout(timeout, name.name, hints)
+        resolved = self._resolve_timeout(timeout, name._name_, hints)
         op_id = _next_op_id()
         self._run_pre_hooks(name, op_id, pre_args)
         return op_id, resolved
@@ -304,23 +301,28 @@ class CommCore:
         timeout: timedelta | None,
         hints: dict[str, str] | None,
         call: BackendCall,
-        call_args: tuple[Any, ...] = (),
+        call_args: tuple[Any, ...],
         post_args: Callable[[TorchWork], Any] = hook_args.CollectivePostHookArgs,
     ) -> TorchWork:
-        """Begin the op, ``call`` the backend (observed), then run the post-hooks.
+        """Begin the op, ``call(*call_args, options)`` (observed), then run the post-hooks.
 
-        ``call_args`` are the backend arguments observers may inspect (e.g. the reduce op).
-        The steps of ``_begin`` are inlined: this is every op's hot path.
+        ``call`` is the backend's method for the op and ``call_args`` its arguments before
+        the options; observers may inspect them (e.g. the reduce op).  The steps of
+        ``_begin`` are inlined: this is every op's hot path.
         """
-        resolved = self._resolve_timeout(timeout, name.name, hints)
+        op_name = name._name_  # (``.name`` is a descriptor call, ``_name_`` a plain read)
+        if timeout is None and hints is None:
+            resolved = self._options.timeout
+        else:
+            resolved = self._resolve_timeout(timeout, op_name, hints)
         op_id = _next_op_id()
         if self._pre_hooks:
             self._run_pre_hooks(name, op_id, pre_args)
-        options = OpOptions(resolved, dict(hints) if hints else {}, name.name, op_id)
+        options = OpOptions(resolved, dict(hints) if hints else {}, op_name, op_id)
         observers = self._observers
         if not observers:
             try:
-                work = call(options)
+                work = call(*call_args, options)
             except BaseException as exc:
                 error = self._surfaced(name, exc)
                 if error is exc:
@@ -331,14 +333,17 @@ class CommCore:
             try:
                 # An observer may stop the op (the collective check); it still finishes, failed.
                 record._scheduled()
-                work = call(options)
+                work = call(*call_args, options)
             except BaseException as exc:
                 error = self._surfaced(name, exc)
                 record._failed(error)
                 if error is exc:
                     raise
                 raise error from exc
-            record._issued(work)
+            if type(work) is CompletedWork:  # a sync op: done, nothing to wait for
+                record._finish()
+            else:
+                record._issued(work)
         if self._post_hooks:
             self._run_post_hooks(op_id, post_args(work))
         return work

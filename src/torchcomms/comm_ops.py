@@ -46,7 +46,7 @@ class CommOps(CommCore):
             hook_args.SendPreHookArgs(tensor, dst, async_op),
             timeout,
             hints,
-            lambda o: self._backend.send(tensor, dst, async_op, o),
+            self._backend.send,
             (tensor, dst, async_op),
         )
 
@@ -67,7 +67,7 @@ class CommOps(CommCore):
             hook_args.RecvPreHookArgs(tensor, src, async_op),
             timeout,
             hints,
-            lambda o: self._backend.recv(tensor, src, async_op, o),
+            self._backend.recv,
             (tensor, src, async_op),
         )
 
@@ -94,7 +94,7 @@ class CommOps(CommCore):
             hook_args.BroadcastPreHookArgs(tensor, root, async_op),
             timeout,
             hints,
-            lambda o: self._backend.broadcast(tensor, root, async_op, o),
+            self._backend.broadcast,
             (tensor, root, async_op),
         )
 
@@ -115,7 +115,7 @@ class CommOps(CommCore):
             hook_args.AllReducePreHookArgs(tensor, async_op),
             timeout,
             hints,
-            lambda o: self._backend.all_reduce(tensor, op, async_op, o),
+            self._backend.all_reduce,
             (tensor, op, async_op),
         )
 
@@ -138,7 +138,7 @@ class CommOps(CommCore):
             hook_args.ReducePreHookArgs(tensor, root, async_op),
             timeout,
             hints,
-            lambda o: self._backend.reduce(tensor, root, op, async_op, o),
+            self._backend.reduce,
             (tensor, root, op, async_op),
         )
 
@@ -167,7 +167,7 @@ class CommOps(CommCore):
             hook_args.AllGatherPreHookArgs(tensor, tensor_list, async_op),
             timeout,
             hints,
-            lambda o: self._backend.all_gather(tensor_list, tensor, async_op, o),
+            self._backend.all_gather,
             (tensor_list, tensor, async_op),
         )
 
@@ -195,7 +195,7 @@ class CommOps(CommCore):
             hook_args.AllGatherVPreHookArgs(tensor, tensor_list, async_op),
             timeout,
             hints,
-            lambda o: self._backend.all_gather_v(tensor_list, tensor, async_op, o),
+            self._backend.all_gather_v,
             (tensor_list, tensor, async_op),
         )
 
@@ -222,7 +222,7 @@ class CommOps(CommCore):
             hook_args.AllGatherSinglePreHookArgs(input, output, async_op),
             timeout,
             hints,
-            lambda o: self._backend.all_gather_single(output, input, async_op, o),
+            self._backend.all_gather_single,
             (output, input, async_op),
         )
 
@@ -251,7 +251,7 @@ class CommOps(CommCore):
             hook_args.ReduceScatterPreHookArgs(input_list, output, async_op),
             timeout,
             hints,
-            lambda o: self._backend.reduce_scatter(output, input_list, op, async_op, o),
+            self._backend.reduce_scatter,
             (output, input_list, op, async_op),
         )
 
@@ -281,7 +281,7 @@ class CommOps(CommCore):
             hook_args.ReduceScatterVPreHookArgs(input_list, output, async_op),
             timeout,
             hints,
-            lambda o: self._backend.reduce_scatter_v(output, input_list, op, async_op, o),
+            self._backend.reduce_scatter_v,
             (output, input_list, op, async_op),
         )
 
@@ -310,7 +310,7 @@ class CommOps(CommCore):
             hook_args.ReduceScatterSinglePreHookArgs(input, output, async_op),
             timeout,
             hints,
-            lambda o: self._backend.reduce_scatter_single(output, input, op, async_op, o),
+            self._backend.reduce_scatter_single,
             (output, input, op, async_op),
         )
 
@@ -342,7 +342,7 @@ class CommOps(CommCore):
             hook_args.AllToAllSinglePreHookArgs(input, output, async_op),
             timeout,
             hints,
-            lambda o: self._backend.all_to_all_single(output, input, async_op, o),
+            self._backend.all_to_all_single,
             (output, input, async_op),
         )
 
@@ -376,9 +376,7 @@ class CommOps(CommCore):
             hook_args.AllToAllVSinglePreHookArgs(input, output, in_splits, out_splits, async_op),
             timeout,
             hints,
-            lambda o: self._backend.all_to_all_v_single(
-                output, input, out_splits, in_splits, async_op, o
-            ),
+            self._backend.all_to_all_v_single,
             (output, input, out_splits, in_splits, async_op),
         )
 
@@ -405,7 +403,7 @@ class CommOps(CommCore):
             hook_args.AllToAllPreHookArgs(input_tensor_list, output_tensor_list, async_op),
             timeout,
             hints,
-            lambda o: self._backend.all_to_all(output_tensor_list, input_tensor_list, async_op, o),
+            self._backend.all_to_all,
             (output_tensor_list, input_tensor_list, async_op),
         )
 
@@ -422,7 +420,7 @@ class CommOps(CommCore):
             hook_args.BarrierPreHookArgs(async_op),
             timeout,
             hints,
-            lambda o: self._backend.barrier(async_op, o),
+            self._backend.barrier,
             (async_op,),
         )
 
@@ -454,7 +452,7 @@ class CommOps(CommCore):
             hook_args.ScatterPreHookArgs(output_tensor, input_tensor_list, root, async_op),
             timeout,
             hints,
-            lambda o: self._backend.scatter(output_tensor, input_tensor_list, root, async_op, o),
+            self._backend.scatter,
             (output_tensor, input_tensor_list, root, async_op),
         )
 
@@ -486,7 +484,7 @@ class CommOps(CommCore):
             hook_args.GatherPreHookArgs(input_tensor, output_tensor_list, root, async_op),
             timeout,
             hints,
-            lambda o: self._backend.gather(output_tensor_list, input_tensor, root, async_op, o),
+            self._backend.gather,
             (output_tensor_list, input_tensor, root, async_op),
         )
 
@@ -517,7 +515,7 @@ class CommOps(CommCore):
             hook_args.GatherSinglePreHookArgs(input, output, root, async_op),
             timeout,
             hints,
-            lambda o: self._backend.gather_single(output, input, root, async_op, o),
+            self._backend.gather_single,
             (output, input, root, async_op),
         )
 
@@ -559,6 +557,7 @@ class BatchSendRecv:
             hook_args.BatchOpIssuePreHookArgs(len(ops), async_op),
             timeout,
             opts.hints,
-            lambda o: backend.batch_op_issue(ops, async_op, o),
+            backend.batch_op_issue,
+            (ops, async_op),
             post_args=hook_args.BatchOpIssuePostHookArgs,
         )

@@ -28,7 +28,7 @@ from datetime import timedelta
 from typing import Any, Generic, Protocol, TypeVar
 
 from torchcomms.types import OpName
-from torchcomms.work import CompletedWork, TorchWork, WorkStatus
+from torchcomms.work import TorchWork, WorkStatus
 
 #: The communicator type that issued the op (``TorchComm``); a parameter, not an import,
 #: because this module sits below ``torchcomms.comm``.
@@ -79,7 +79,7 @@ class OpRecord(Generic[CommT]):
         # The backend's positional arguments (e.g. the ReduceOp), like ``args`` only
         # during ``op_scheduled``.
         self.call_args: tuple[Any, ...] = call_args
-        self.async_op = bool(getattr(args, "async_op", False))
+        self.async_op: bool = args.async_op  # every op's pre-hook args carry it
         self.timeout = timeout
         self.observers = observers
         self.time_created_ns = time.time_ns()
@@ -126,9 +126,7 @@ class OpRecord(Generic[CommT]):
             self.time_started_ns = time.time_ns()
 
     def _issued(self, work: TorchWork) -> None:
-        if type(work) is CompletedWork:  # the common sync case: done, nothing to wait for
-            self._finish()
-            return
+        """The op was handed to the backend (``_finish`` directly for a sync op's work)."""
         self.work = work
         work._add_done_callback(self._work_done)
 

@@ -254,7 +254,7 @@ class OpOptions:
         op_id: int | None = None,
     ) -> None:
         self.timeout = timeout
-        self.hints = hints or {}
+        self.hints = {} if hints is None else hints
         self.op_name = op_name
         self.op_id = op_id
 

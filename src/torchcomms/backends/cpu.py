@@ -493,9 +493,14 @@ class TorchCommGloo(CpuDispatch, CommBackend):
 
     # -- execution plumbing --------------------------------------------------------------------
     def _run(
-        self, opts: OpOptions, async_op: bool, body: OpBody, peers: Sequence[int] = ()
+        self,
+        opts: OpOptions,
+        async_op: bool,
+        body: OpBody,
+        args: tuple[Any, ...] = (),
+        peers: Sequence[int] = (),
     ) -> TorchWork:
-        """Run ``body`` in issue order, inline (sync) or on the executor (async).
+        """Run ``body(*args, deadline)`` in issue order, inline (sync) or on the executor.
 
         ``peers`` (point-to-point ops) are named in the error if the op fails.  Bytes move
         outside autograd (as in c10d): no graph, in-place writes to leaves allowed.
@@ -514,7 +519,7 @@ class TorchCommGloo(CpuDispatch, CommBackend):
             if grad:
                 torch._C._set_grad_enabled(False)
             try:
-                completion = body(Deadline(timeout))
+                completion = body(*args, Deadline(timeout))
                 if completion is not None:
                     completion()
             except BaseException as exc:
@@ -529,7 +534,7 @@ class TorchCommGloo(CpuDispatch, CommBackend):
                 self.check_usable(self._prefix(opts))
             try:
                 with torch.no_grad():
-                    completion = body(Deadline(timeout))
+                    completion = body(*args, Deadline(timeout))
             except BaseException as exc:
                 raise self._translate(exc, opts, peers) from exc
             if completion is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -19,8 +20,9 @@ from torchcomms.errors import CommValidationError
 from torchcomms.types import OpOptions, P2POp, P2POpType, ReduceOp
 from torchcomms.work import TorchWork
 
-#: One op's work on a transport: runs with the op's deadline, may leave a completion.
-OpBody = Callable[[Deadline], "Completion | None"]
+#: One op's work on a transport, called as ``body(*args, deadline)`` (a ``CpuOps`` method
+#: and the op's arguments: no closure per op); it may leave a completion.
+OpBody = Callable[..., "Completion | None"]
 
 
 def _tag_hint(hints: dict[str, str]) -> int | None:
@@ -44,7 +46,12 @@ class CpuDispatch(abc.ABC):
 
     @abc.abstractmethod
     def _run(
-        self, opts: OpOptions, async_op: bool, body: OpBody, peers: Sequence[int] = ()
+        self,
+        opts: OpOptions,
+        async_op: bool,
+        body: OpBody,
+        args: tuple[Any, ...] = (),
+        peers: Sequence[int] = (),
     ) -> TorchWork: ...
 
     # -- collectives: one dispatch each --------------------------------------------------------
@@ -52,19 +59,19 @@ class CpuDispatch(abc.ABC):
         self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, options: OpOptions
     ) -> TorchWork:
         ops = self._transport()
-        return self._run(options, async_op, lambda d: ops.all_reduce(tensor, op, d))
+        return self._run(options, async_op, ops.all_reduce, (tensor, op))
 
     def reduce(
         self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool, options: OpOptions
     ) -> TorchWork:
         ops = self._transport()
-        return self._run(options, async_op, lambda d: ops.reduce(tensor, root, op, d))
+        return self._run(options, async_op, ops.reduce, (tensor, root, op))
 
     def broadcast(
         self, tensor: torch.Tensor, root: int, async_op: bool, options: OpOptions
     ) -> TorchWork:
         ops = self._transport()
-        return self._run(options, async_op, lambda d: ops.broadcast(tensor, root, d))
+        return self._run(options, async_op, ops.broadcast, (tensor, root))
 
     def all_gather(
         self,
@@ -74,13 +81,13 @@ class CpuDispatch(abc.ABC):
         options: OpOptions,
     ) -> TorchWork:
         ops = self._transport()
-        return self._run(options, async_op, lambda d: ops.all_gather(tensor_list, tensor, d))
+        return self._run(options, async_op, ops.all_gather, (tensor_list, tensor))
 
     def all_gather_single(
         self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
     ) -> TorchWork:
         ops = self._transport()
-        return self._run(options, async_op, lambda d: ops.all_gather_single(output, input, d))
+        return self._run(options, async_op, ops.all_gather_single, (output, input))
 
     def all_gather_v(
         self,
@@ -90,7 +97,7 @@ class CpuDispatch(abc.ABC):
         options: OpOptions,
     ) -> TorchWork:
         ops = self._transport()
-        return self._run(options, async_op, lambda d: ops.all_gather_v(tensor_list, tensor, d))
+        return self._run(options, async_op, ops.all_gather_v, (tensor_list, tensor))
 
     def gather(
         self,
@@ -101,9 +108,7 @@ class CpuDispatch(abc.ABC):
         options: OpOptions,
     ) -> TorchWork:
         ops = self._transport()
-        return self._run(
-            options, async_op, lambda d: ops.gather(output_tensor_list, input_tensor, root, d)
-        )
+        return self._run(options, async_op, ops.gather, (output_tensor_list, input_tensor, root))
 
     def gather_single(
         self,
@@ -114,7 +119,7 @@ class CpuDispatch(abc.ABC):
         options: OpOptions,
     ) -> TorchWork:
         ops = self._transport()
-        return self._run(options, async_op, lambda d: ops.gather_single(output, input, root, d))
+        return self._run(options, async_op, ops.gather_single, (output, input, root))
 
     def scatter(
         self,
@@ -125,9 +130,7 @@ class CpuDispatch(abc.ABC):
         options: OpOptions,
     ) -> TorchWork:
         ops = self._transport()
-        return self._run(
-            options, async_op, lambda d: ops.scatter(output_tensor, input_tensor_list, root, d)
-        )
+        return self._run(options, async_op, ops.scatter, (output_tensor, input_tensor_list, root))
 
     def reduce_scatter(
         self,
@@ -138,7 +141,7 @@ class CpuDispatch(abc.ABC):
         options: OpOptions,
     ) -> TorchWork:
         ops = self._transport()
-        return self._run(options, async_op, lambda d: ops.reduce_scatter(output, input_list, op, d))
+        return self._run(options, async_op, ops.reduce_scatter, (output, input_list, op))
 
     def reduce_scatter_single(
         self,
@@ -149,9 +152,7 @@ class CpuDispatch(abc.ABC):
         options: OpOptions,
     ) -> TorchWork:
         ops = self._transport()
-        return self._run(
-            options, async_op, lambda d: ops.reduce_scatter_single(output, input, op, d)
-        )
+        return self._run(options, async_op, ops.reduce_scatter_single, (output, input, op))
 
     def reduce_scatter_v(
         self,
@@ -162,15 +163,13 @@ class CpuDispatch(abc.ABC):
         options: OpOptions,
     ) -> TorchWork:
         ops = self._transport()
-        return self._run(
-            options, async_op, lambda d: ops.reduce_scatter_v(output, input_list, op, d)
-        )
+        return self._run(options, async_op, ops.reduce_scatter_v, (output, input_list, op))
 
     def all_to_all_single(
         self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
     ) -> TorchWork:
         ops = self._transport()
-        return self._run(options, async_op, lambda d: ops.all_to_all_single(output, input, d))
+        return self._run(options, async_op, ops.all_to_all_single, (output, input))
 
     def all_to_all_v_single(
         self,
@@ -185,9 +184,8 @@ class CpuDispatch(abc.ABC):
         return self._run(
             options,
             async_op,
-            lambda d: ops.all_to_all_v_single(
-                output, input, output_split_sizes, input_split_sizes, d
-            ),
+            ops.all_to_all_v_single,
+            (output, input, output_split_sizes, input_split_sizes),
         )
 
     def all_to_all(
@@ -198,9 +196,7 @@ class CpuDispatch(abc.ABC):
         options: OpOptions,
     ) -> TorchWork:
         ops = self._transport()
-        return self._run(
-            options, async_op, lambda d: ops.all_to_all(output_tensor_list, input_tensor_list, d)
-        )
+        return self._run(options, async_op, ops.all_to_all, (output_tensor_list, input_tensor_list))
 
     def barrier(self, async_op: bool, options: OpOptions) -> TorchWork:
         ops = self._transport()

@@ -40,6 +40,7 @@ from torchcomms.transport.wait_policy import WaitPolicy
 from torchcomms.types import P2POp, P2POpType, RedOpType, ReduceOp
 
 _SUPPORTED_MACHINES = ("x86_64", "amd64", "i686", "i386")
+_AVG = RedOpType.AVG
 
 
 def unsupported_reason() -> str | None:
@@ -173,7 +174,7 @@ class ShmOps(CpuOps):
 
     # -- reductions ----------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, deadline: Deadline) -> None:
-        if tensor.is_cpu and op.type is not RedOpType.AVG:  # the hot path: no staging
+        if tensor.is_cpu and op._type is not _AVG:  # the hot path: no staging
             if tensor.numel():
                 self.coll.all_reduce(tensor if tensor.dim() == 1 else tensor.view(-1), op, deadline)
             else:
@@ -216,7 +217,7 @@ class ShmOps(CpuOps):
             self.coll.empty(F.REDUCE_SCATTER, output.dtype, deadline, redop=op)
             return
         rows = host_flat(input).view(self.size, -1)
-        if output.is_cpu and op.type is not RedOpType.AVG:
+        if output.is_cpu and op._type is not _AVG:
             self.coll.reduce_scatter(output.view(-1), rows, op, deadline)
             return
         with on_host(output) as host:

@@ -45,6 +45,8 @@ from torchcomms.types import RedOpType, ReduceOp
 # whether it pre-multiplies / reduces with a plain torch.sum (decided once per shape).
 _Pair = tuple[torch.Tensor, torch.Tensor]
 _Plan = tuple[Fingerprint, _Pair, _Pair, bool, bool]
+# A one-round broadcast's fingerprint and the root's slot per parity.
+_BcastPlan = tuple[Fingerprint, _Pair]
 
 
 def _store(dst: torch.Tensor, src: torch.Tensor, op: ReduceOp | None) -> None:
@@ -71,6 +73,7 @@ class ShmCollectives:
         self.rank = chan.rank
         self.size = chan.size
         self._oneshot_plans: dict[tuple[object, ...], _Plan | bool] = {}
+        self._bcast_plans: dict[tuple[torch.dtype, int, int], _BcastPlan] = {}
 
     # -- reductions --------------------------------------------------------------------------
     def all_reduce(self, flat: torch.Tensor, op: ReduceOp, deadline: Deadline) -> None:
@@ -79,7 +82,7 @@ class ShmCollectives:
         chan.op_seq += 1
         n = flat.numel()
         dtype = flat.dtype
-        key = (dtype, n, op.type)
+        key = (dtype, n, op._type._value_)  # an int: an Enum member hashes in Python
         plan = self._oneshot_plans.get(key)
         if plan is None:
             plan = self._oneshot_plan(dtype, n, op)
@@ -93,7 +96,7 @@ class ShmCollectives:
             chunk = flat[start : start + cap]
             cn = chunk.numel()
             if cn * dtype.itemsize <= self.oneshot_max:  # slot-sized one-shot rounds
-                chunk_plan = self._oneshot_plans.get((dtype, cn, op.type))
+                chunk_plan = self._oneshot_plans.get((dtype, cn, op._type._value_))
                 if chunk_plan is None:
                     chunk_plan = self._oneshot_plan(dtype, cn, op)
                 self._oneshot_all_reduce(chunk, op, chunk_plan, deadline, fp)
@@ -118,7 +121,7 @@ class ShmCollectives:
             )
         if len(self._oneshot_plans) > 256:
             self._oneshot_plans.clear()
-        self._oneshot_plans[(dtype, n, op.type)] = plan
+        self._oneshot_plans[(dtype, n, op._type._value_)] = plan
         return plan
 
     def _oneshot_all_reduce(
@@ -324,8 +327,19 @@ class ShmCollectives:
         chan = self.chan
         n = flat.numel()
         dtype = flat.dtype
+        plan = self._bcast_plans.get((dtype, n, root))
+        if plan is not None:  # one round, views and fingerprint made once per shape
+            self._oneshot_broadcast(flat, root, plan, deadline)
+            return
         fp = self._fp(F.BROADCAST, dtype, n, root)
         cap = chan.slot_capacity(dtype)
+        if n <= cap:
+            if len(self._bcast_plans) > 256:
+                self._bcast_plans.clear()
+            self._bcast_plans[(dtype, n, root)] = (
+                F.make(F.BROADCAST, dtype, n, root),
+                (chan.slot(root, 0, dtype, n), chan.slot(root, 1, dtype, n)),
+            )
         for start in range(0, n, cap):
             c = min(cap, n - start)
             if start == 0:  # every rank publishes and checks every fingerprint
@@ -344,6 +358,22 @@ class ShmCollectives:
                 chan.wait_rank(k, root, deadline)
                 flat[start : start + c].copy_(chan.slot(root, k, dtype, c))
             chan.finish(k)
+
+    def _oneshot_broadcast(
+        self, flat: torch.Tensor, root: int, plan: _BcastPlan, deadline: Deadline
+    ) -> None:
+        """A broadcast that fits one slot: the root writes, every rank checks, others read."""
+        fp, slots = plan
+        chan = self.chan
+        chan.op_seq += 1
+        k = chan.begin(deadline)
+        slot = slots[k & 1]
+        if self.rank == root:
+            slot.copy_(flat)
+        chan.exchange(k, deadline, fp if self.check else None, "broadcast")
+        if self.rank != root:
+            flat.copy_(slot)
+        chan.finish(k)
 
     def scatter(
         self, out: torch.Tensor, inputs: Sequence[torch.Tensor], root: int, deadline: Deadline
