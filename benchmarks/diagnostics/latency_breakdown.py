@@ -30,7 +30,7 @@ from torchcomms.deadline import Deadline
 from torchcomms.types import OpOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _doc import write_doc  # noqa: E402
+from _doc import write_doc
 
 
 def time_rows(

@@ -51,7 +51,7 @@ _SEPARATE = TorchCommWinAccessType.WIN_ACCESS_TYPE_SEPARATE
 _FLUSH, _GET, _SIGNAL = "to apply earlier puts (flush)", "to answer a get", "to signal"
 
 Body = Callable[[Deadline], "Completion | None"]
-Run = Callable[[OpOptions, bool, Body, Sequence[int]], TorchWork]
+Run = Callable[[OpOptions, bool, Body, tuple[()], Sequence[int]], TorchWork]
 
 
 @dataclass
@@ -125,7 +125,7 @@ class CpuWindow(WindowBackend):
                 mem.release()
                 raise
 
-        ctx.run(options, False, body, ())
+        ctx.run(options, False, body, (), ())
         return tensor
 
     def _register(
@@ -206,7 +206,7 @@ class CpuWindow(WindowBackend):
                 self._guard(peer, deadline, prefix, _FLUSH, flush)
             ctx.ops().barrier(deadline)  # no peer sends to this window any more
 
-        ctx.run(options, False, body, ())
+        ctx.run(options, False, body, (), ())
         if reg.links:
             ctx.net().server.remove(self._id)
         self._reg = None
@@ -258,7 +258,7 @@ class CpuWindow(WindowBackend):
                 lambda: link.put(self._id, start, _bytes_of(tensor), deadline.left_s()),
             )
 
-        return self._ctx.run(options, async_op, body, (dst,))
+        return self._ctx.run(options, async_op, body, (), (dst,))
 
     def get(
         self, tensor: torch.Tensor, src: int, offset: int, async_op: bool, options: OpOptions
@@ -290,7 +290,7 @@ class CpuWindow(WindowBackend):
 
             self._guard(src, deadline, prefix, _GET, call)
 
-        return self._ctx.run(options, async_op, body, (src,))
+        return self._ctx.run(options, async_op, body, (), (src,))
 
     def signal(self, peer: int, async_op: bool, options: OpOptions) -> TorchWork:
         reg = self._live()
@@ -311,7 +311,7 @@ class CpuWindow(WindowBackend):
                     lambda: link.signal(self._id, deadline.left_s()),
                 )
 
-        return self._ctx.run(options, async_op, body, (peer,))
+        return self._ctx.run(options, async_op, body, (), (peer,))
 
     def wait_signal(self, peer: int, async_op: bool, options: OpOptions) -> TorchWork:
         reg = self._live()
@@ -324,7 +324,7 @@ class CpuWindow(WindowBackend):
             )
             reg.consumed[peer] = want
 
-        return self._ctx.run(options, async_op, body, (peer,))
+        return self._ctx.run(options, async_op, body, (), (peer,))
 
     # -- helpers -----------------------------------------------------------------------------
     def _own(self, reg: _Registration) -> torch.Tensor:
