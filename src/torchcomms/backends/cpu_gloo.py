@@ -521,7 +521,7 @@ class GlooOps(CpuOps):
             staged = tensor
             if not (tensor.is_cpu and tensor.is_contiguous()):
                 staged = tensor.detach().to("cpu").contiguous()
-            view = as_bytes(staged.view(-1))
+            view = as_bytes(staged)
             tag = self._tag(op, user_tag)
             if op.type is P2POpType.SEND:
                 posted.append((op, engine.post_send(op.peer, tag, view), staged))

@@ -142,10 +142,41 @@ class P2P:
             except OSError:  # refused or reset: the peer's listener is gone
                 op.error, op.done = LanePeerGone(peer, None), True
                 return op
+        if not out.queue and self._drive.acquire(blocking=False):
+            # Nothing queued ahead of it and no other driver: send what the socket takes
+            # now, here.  A small message then completes without a trip through ``wait``.
+            try:
+                if not out.queue:
+                    if not self._send_now(out, op):
+                        # Part of it went: it heads the queue (before any send another
+                        # thread queued meanwhile), the rest in ``out.parts``.
+                        with self._lock:
+                            out.queue.appendleft(op)
+                            self._pending += 1
+                    return op
+            finally:
+                self._drive.release()
         with self._lock:
             out.queue.append(op)
             self._pending += 1
         return op
+
+    def _send_now(self, out: _Out, op: Transfer) -> bool:
+        """Send ``op`` on ``out`` (queue empty, driver held): whether it is done (sent or
+        failed); otherwise ``out.parts`` holds what is left of it, for ``_send_all``."""
+        parts: list[memoryview | bytes] = [_HEAD.pack(op.length, op.tag)]
+        if op.length:
+            parts.append(op.view)
+        left = send_some(out.sock, parts)
+        if left is None:  # the connection broke: the peer is gone
+            self._broken(op.peer, out)
+            op.error, op.done = LanePeerGone(op.peer, None), True
+            return True
+        if not left:
+            op.done = True
+            return True
+        out.parts = [] if left is parts else left  # nothing sent: _send_all starts over
+        return False
 
     def post_recv(self, peer: int, tag: int, view: memoryview) -> Transfer:
         op = Transfer(peer, tag, view)
@@ -176,6 +207,11 @@ class P2P:
     # -- waiting ---------------------------------------------------------------------------
     def wait(self, ops: list[Transfer], between: Callable[[], None]) -> None:
         """Drive until every op of ``ops`` is done; raise the first one's error."""
+        if all(op.done for op in ops):  # e.g. a send that went out when it was posted
+            for op in ops:
+                if op.error is not None:
+                    raise op.error
+            return
         with self._wake:
             self._waiting += 1
         try:

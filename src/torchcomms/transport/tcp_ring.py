@@ -73,7 +73,10 @@ def as_bytes(tensor: torch.Tensor) -> memoryview:
     """A writable byte view of a contiguous CPU tensor."""
     if tensor.numel() == 0:
         return _EMPTY
-    return tensor.view(torch.uint8).numpy().data.cast("B")
+    try:  # any shape: numpy's view of a contiguous tensor, one C call
+        return memoryview(tensor.numpy()).cast("B")
+    except (TypeError, RuntimeError):  # bfloat16 (numpy has none), a tensor needing grad
+        return tensor.detach().view(-1).view(torch.uint8).numpy().data.cast("B")
 
 
 class Ring:
