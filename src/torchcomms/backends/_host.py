@@ -27,7 +27,7 @@ class on_host:
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self._tensor = tensor
-        self._host = tensor if tensor.device.type == "cpu" else tensor.detach().to("cpu")
+        self._host = tensor if tensor.is_cpu else tensor.detach().to("cpu")
 
     def __enter__(self) -> torch.Tensor:
         return self._host

@@ -314,7 +314,7 @@ class ShmOps(CpuOps):
         self, output_list: Sequence[torch.Tensor], input: torch.Tensor, deadline: Deadline
     ) -> None:
         src = host_flat(input)
-        if any(overlaps(o, src) for o in output_list if o.device.type == "cpu"):
+        if any(overlaps(o, src) for o in output_list if o.is_cpu):
             src = src.clone()
         stages = [on_host(o) for o in output_list]
         hosts = [s.__enter__().view(-1) for s in stages]
@@ -353,7 +353,7 @@ class ShmOps(CpuOps):
         posted: list[tuple[Transfer, P2POp, torch.Tensor]] = []
         for op in ops:
             sending = op.type is P2POpType.SEND
-            staged = op.tensor if op.tensor.device.type == "cpu" else op.tensor.detach().to("cpu")
+            staged = op.tensor if op.tensor.is_cpu else op.tensor.detach().to("cpu")
             posted.append((self.p2p.post(sending, op.peer, staged, tag), op, staged))
 
         def complete() -> None:

@@ -41,6 +41,7 @@ from torchcomms.transport.shm_channel import (
 )
 
 _NO_TAG = -1
+_BYTE = torch.uint8
 
 
 class Transfer:
@@ -94,7 +95,8 @@ class ShmP2P:
             self._lock.release()
 
     def post(self, sending: bool, peer: int, tensor: torch.Tensor, tag: int | None) -> Transfer:
-        t = Transfer(sending, peer, tensor.reshape(-1).view(torch.uint8), tag)
+        flat = tensor if tensor.dim() == 1 else tensor.reshape(-1)  # (each call a dispatch)
+        t = Transfer(sending, peer, flat if flat.dtype is _BYTE else flat.view(_BYTE), tag)
         with self._lock:
             if sending:
                 self._sends[peer].append(t)
@@ -166,8 +168,8 @@ class ShmP2P:
                 return False
             n = min(self._chunk, t.nbytes - t.done)
             parity = i & 1
-            chan.view(layout.pair_offset(me, peer, parity), torch.uint8, (n,), (1,)).copy_(
-                t.buf[t.done : t.done + n]
+            chan.view(layout.pair_offset(me, peer, parity), _BYTE, (n,), (1,)).copy_(
+                t.buf if n == t.nbytes else t.buf[t.done : t.done + n]
             )
             meta = layout.pair_flag(me, peer, PMETA0 + parity)
             flags[meta] = t.nbytes
@@ -198,8 +200,8 @@ class ShmP2P:
                     return
                 incoming.current = t
             n = min(self._chunk, t.nbytes - t.done)
-            t.buf[t.done : t.done + n].copy_(
-                chan.view(layout.pair_offset(peer, me, parity), torch.uint8, (n,), (1,))
+            (t.buf if n == t.nbytes else t.buf[t.done : t.done + n]).copy_(
+                chan.view(layout.pair_offset(peer, me, parity), _BYTE, (n,), (1,))
             )
             flags[layout.pair_flag(peer, me, ACKED)] = i
             chan.ring()
