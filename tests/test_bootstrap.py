@@ -580,3 +580,19 @@ def _file_store_bootstrap(ctx: RankContext) -> list[float]:
 def test_store_path_env_bootstraps_through_a_file_store(tmp_path: Path) -> None:
     env = {"TORCHCOMM_STORE_PATH": str(tmp_path / "rendezvous")}
     assert run_ranks(_file_store_bootstrap, 3, env=env, timeout=60) == [[6.0, 6.0]] * 3
+
+
+# ----------------------------------------------------------------------------- connect, then leave
+
+
+def _connect_and_leave(ctx: RankContext) -> int:
+    """new_comm, then finalize at once, on every rank: rank 0 serves the comm's store and
+    must not take it away while a member still reads the connect verdict from it."""
+    for i in range(5):
+        comm = torchcomms.new_comm("gloo", CPU, name=f"brief{i}", store=ctx.store)
+        comm.finalize()
+    return ctx.rank
+
+
+def test_finalize_right_after_new_comm_leaves_no_member_behind() -> None:
+    assert run_ranks(_connect_and_leave, 3, timeout=120) == [0, 1, 2]

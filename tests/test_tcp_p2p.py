@@ -14,6 +14,7 @@ processes.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -22,9 +23,9 @@ import torch
 
 from tests.harness import RankContext, RankFailure, run_ranks
 from torchcomms import ReduceOp, new_comm
-from torchcomms.transport import tcp_lane
+from torchcomms.transport import tcp_lane, tcp_p2p
 from torchcomms.transport.tcp_lane import LanePeerGone, LaneProtocolError
-from torchcomms.transport.tcp_p2p import P2P
+from torchcomms.transport.tcp_p2p import P2P, Transfer
 from torchcomms.transport.tcp_ring import as_bytes
 
 
@@ -56,8 +57,7 @@ def _tags(ctx: RankContext) -> list[float]:
     between = _deadline()
     if ctx.rank == 0:
         sends = [
-            eng.post_send(1, tag, as_bytes(torch.full((4,), float(tag))))
-            for tag in (5, 7, 5, 9)
+            eng.post_send(1, tag, as_bytes(torch.full((4,), float(tag)))) for tag in (5, 7, 5, 9)
         ]
         eng.wait(sends, between)
         ctx.store.set("sent", "1")
@@ -108,6 +108,86 @@ def _both_send_first(ctx: RankContext) -> bool:
 
 def test_two_ranks_that_both_send_first_finish() -> None:
     assert run_ranks(_both_send_first, 2, timeout=60) == [True, True]
+
+
+def _two_posting_threads(ctx: RankContext) -> bool:
+    """Sends go out when posted unless one is queued ahead: two threads posting to one
+    peer (one connection), with 8 MiB messages that go out in parts, keep frames whole."""
+    eng = _engine(ctx)
+    big = 1 << 21
+    if ctx.rank == 0:
+        sends: list[list[tuple[Transfer, torch.Tensor]]] = [[], []]
+
+        def post(thread: int) -> None:
+            for i in range(100):
+                if thread == 1 and i % 20 == 10:  # 5 large ones, each sent in parts
+                    payload = torch.full((big,), 7.0)
+                    sends[1].append((eng.post_send(1, 99, as_bytes(payload)), payload))
+                t = torch.full((4,), float(thread * 1000 + i))
+                sends[thread].append((eng.post_send(1, 10 + thread, as_bytes(t)), t))
+
+        threads = [threading.Thread(target=post, args=(k,)) for k in (0, 1)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        eng.wait([op for pair in sends for op, _ in pair], _deadline(60))
+        ctx.store.wait(["received"])
+        eng.close()
+        return True
+    small = {k: [torch.zeros(4) for _ in range(100)] for k in (0, 1)}
+    got_big = [torch.zeros(big) for _ in range(5)]
+    ops = [eng.post_recv(0, 10 + k, as_bytes(t)) for k in (0, 1) for t in small[k]]
+    ops += [eng.post_recv(0, 99, as_bytes(t)) for t in got_big]
+    eng.wait(ops, _deadline(60))
+    ctx.store.set("received", "1")
+    eng.close()
+    in_order = all(
+        float(t[0]) == k * 1000 + i and bool(torch.all(t == t[0]))
+        for k in (0, 1)
+        for i, t in enumerate(small[k])
+    )
+    return in_order and all(bool(torch.all(t == 7.0)) for t in got_big)
+
+
+def test_sends_posted_by_two_threads_keep_whole_frames_in_order() -> None:
+    assert run_ranks(_two_posting_threads, 2, timeout=90) == [True, True]
+
+
+def _post_during_a_partial_send(ctx: RankContext) -> bool:
+    """The race made certain: another send is posted while an 8 MiB one is in ``sendmsg``
+    (the socket takes part of it).  The partial send must stay at the head of the queue."""
+    eng = _engine(ctx)
+    big = 1 << 21
+    if ctx.rank == 0:
+        payload, small = torch.full((big,), 7.0), torch.full((4,), 3.0)
+        real = tcp_p2p.send_some
+        posted: list[Transfer] = []
+
+        def send_some_while_another_posts(sock, parts):  # type: ignore[no-untyped-def]
+            if not posted and sum(len(p) for p in parts) > big:
+                posted.append(eng.post_send(1, 11, as_bytes(small)))  # as another thread would
+            return real(sock, parts)
+
+        tcp_p2p.send_some = send_some_while_another_posts  # type: ignore[assignment]
+        try:
+            first = eng.post_send(1, 99, as_bytes(payload))
+        finally:
+            tcp_p2p.send_some = real
+        eng.wait([first, *posted], _deadline(60))
+        ctx.store.wait(["received"])
+        eng.close()
+        return len(posted) == 1
+    got_big, got_small = torch.zeros(big), torch.zeros(4)
+    ops = [eng.post_recv(0, 99, as_bytes(got_big)), eng.post_recv(0, 11, as_bytes(got_small))]
+    eng.wait(ops, _deadline(60))
+    ctx.store.set("received", "1")
+    eng.close()
+    return bool(torch.all(got_big == 7.0)) and bool(torch.all(got_small == 3.0))
+
+
+def test_a_send_posted_during_a_partial_send_is_not_lost() -> None:
+    assert run_ranks(_post_during_a_partial_send, 2, timeout=90) == [True, True]
 
 
 def _busy_receiver(ctx: RankContext) -> bool:

@@ -62,6 +62,8 @@ from torchcomms.types import CommOptions, OpOptions
 from torchcomms.work import AsyncWork, CompletedWork, TorchWork
 
 logger = logging.getLogger("torchcomms.backends.cpu")
+#: How long rank 0's finalize waits for members still reading the connect verdict.
+_DETACH_WAIT_S = 2.0
 
 SUPPORTED_DTYPES = frozenset(CPU_DTYPES)
 
@@ -177,6 +179,7 @@ class TorchCommGloo(CpuDispatch, CommBackend):
                 cpu_connect.local_pids(self._peers, rank),
                 cpu_connect.connect_prefix(name, rank),
                 "the final handshake",
+                ack=True,
             )
         except BaseException:
             self._ops.close(failed=True)
@@ -195,6 +198,16 @@ class TorchCommGloo(CpuDispatch, CommBackend):
         )
 
     def finalize(self) -> None:
+        store = self._store
+        healthy = self._ops is not None and self._status.cause is None and not self._status.aborted
+        if healthy and self._rank == 0 and self._size > 1 and store is not None:
+            # new_comm then finalize at once: a member may still be reading the final
+            # handshake's verdict from the store rank 0 serves; let it finish (bounded).
+            detached = cpu_connect.members_detached(
+                store.store, "connected", self._size, _DETACH_WAIT_S
+            )
+            if not detached:
+                logger.debug("finalize: not every member acknowledged the connect")
         self._release(join_timeout_s=self._timeout.total_seconds())
         self._handle_server = None  # its store server stops once no comm store keeps it
 

@@ -166,12 +166,14 @@ def rendezvous(
     local_pids: Mapping[int, int],
     prefix: str,
     what: str,
+    ack: bool = False,
 ) -> None:
     """Every member reached this step, or every member raises naming who did not.
 
     Rank 0 waits for every member's ``key/{rank}`` (a dead local member is named at once)
     and publishes the verdict under ``key/all``; the others wait for it: O(1) store round
-    trips for them, O(N) checks for rank 0.
+    trips for them, O(N) checks for rank 0.  ``ack``: the members count themselves in
+    ``key/seen`` once they read the verdict (``members_detached`` waits for that).
     """
     if size == 1:
         return
@@ -190,6 +192,24 @@ def rendezvous(
     verdict = store.get(f"{key}/all").decode()
     if verdict != "ok":
         raise failure_from(verdict, prefix, what)
+    if ack:
+        store.add(f"{key}/seen", 1)
+
+
+def members_detached(store: c10d.Store, key: str, size: int, within_s: float) -> bool:
+    """Whether every other member acknowledged ``key`` (``rendezvous(ack=True)``), waiting
+    up to ``within_s``: rank 0 serves the store, and leaving first would cut off a member
+    still reading the verdict."""
+    end = time.monotonic() + within_s
+    while True:
+        try:
+            if store.add(f"{key}/seen", 0) >= size - 1:
+                return True
+        except Exception:  # the store is gone already: nobody can be reading it
+            return True
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.001)
 
 
 def exchange_identities(

@@ -27,7 +27,7 @@ from torchcomms.backends.cpu_ops import CpuOps
 from torchcomms.backends.gloo_waits import GLOO_MARGIN
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError
-from torchcomms.transport import gloo, tcp_lane, tcp_p2p
+from torchcomms.transport import gloo, placement, tcp_lane, tcp_p2p
 from torchcomms.transport.wait_policy import WaitPolicy
 from torchcomms.types import CommOptions
 
@@ -42,6 +42,9 @@ def open_transport(
 ) -> CpuOps:
     """The one ops object of a comm; ``mode`` is ``auto``, ``shm`` or ``tcp``."""
     size = len(peers)
+    here = [r for r, (host, _) in enumerate(peers) if host == peers[rank][0]]
+    # Before any wait policy is built: they count the cores the ranks run on.
+    placement.place(placement.mode(options.hints.get("cpu_affinity")), here.index(rank), len(here))
     prefix = cpu_connect.connect_prefix(name, rank)
     if _use_shm(mode, peers, rank, name):
         return cpu_shm.ShmOps(

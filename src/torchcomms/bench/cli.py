@@ -85,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout", type=float, default=300.0, help="seconds any one wait may take (default 300)"
     )
+    p.add_argument(
+        "--affinity",
+        choices=("off", "spread"),
+        default=None,
+        help="pin local rank i to core i mod cores (TORCHCOMM_CPU_AFFINITY=spread); default: "
+        "the environment's setting, else off",
+    )
     p.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -154,6 +161,8 @@ def under_launcher() -> bool:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, settings = parse_args(argv)
+    if args.affinity is not None:  # the ranks (spawned here or under a launcher) read it
+        os.environ["TORCHCOMM_CPU_AFFINITY"] = args.affinity
     if args._worker or (args.nproc is None and under_launcher()):
         return runner.run_rank(settings)
     return launch.spawn(argv, args.nproc or DEFAULT_NPROC)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from torchcomms.bench import memprobe
+from torchcomms.transport import placement
 
 
 def cpu_model() -> str:
@@ -44,7 +45,7 @@ def capture(
     command: str, world_size: int, transport: str, baseline_transport: str | None
 ) -> dict[str, Any]:
     """Everything that explains an absolute time: CPU, cores, load, versions, transport."""
-    usable = usable_cores()
+    usable = placement.usable_cores() if placement.placed_core() is not None else usable_cores()
     try:
         affinity = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -68,4 +69,6 @@ def capture(
         "transport": transport,
         "baseline_transport": baseline_transport,
         "fr_buffer_size_env": os.environ.get("TORCHCOMM_FR_BUFFER_SIZE"),
+        "cpu_affinity": os.environ.get("TORCHCOMM_CPU_AFFINITY") or "off",
+        "placed_core": placement.placed_core(),
     }

@@ -446,10 +446,14 @@ class ShmChannel:
         """
         policy = self.policy
         spins = policy.spins
-        while spins > 0:
-            spins -= 1
-            if ready():
-                return
+        if spins > 0:
+            spin_end = time.monotonic() + policy.spin_s
+            while True:
+                if ready():
+                    return
+                spins -= 1
+                if spins <= 0 or time.monotonic() >= spin_end:
+                    break
         now = time.monotonic()
         yield_until = now + policy.yield_s
         next_check = now + _FIRST_CHECK_S

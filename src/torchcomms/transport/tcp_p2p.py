@@ -124,6 +124,7 @@ class P2P:
         )
         self._gone: dict[int, LanePeerGone] = {}
         self._drive = threading.Lock()
+        self._dialling = threading.Lock()
         self._lock = threading.Lock()  # the queues, against post_* from other threads
         self._pending = 0  # posted ops not done
         self._waiting = 0  # threads inside wait()
@@ -137,11 +138,14 @@ class P2P:
         op = Transfer(peer, tag, view)
         out = self._outs.get(peer)
         if out is None:
-            try:
-                out = self._outs[peer] = _Out(self._dial(peer))
-            except OSError:  # refused or reset: the peer's listener is gone
-                op.error, op.done = LanePeerGone(peer, None), True
-                return op
+            with self._dialling:  # one connection per peer, whichever thread posts first
+                out = self._outs.get(peer)
+                if out is None:
+                    try:
+                        out = self._outs[peer] = _Out(self._dial(peer))
+                    except OSError:  # refused or reset: the peer's listener is gone
+                        op.error, op.done = LanePeerGone(peer, None), True
+                        return op
         if not out.queue and self._drive.acquire(blocking=False):
             # Nothing queued ahead of it and no other driver: send what the socket takes
             # now, here.  A small message then completes without a trip through ``wait``.

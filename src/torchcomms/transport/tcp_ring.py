@@ -74,7 +74,7 @@ def as_bytes(tensor: torch.Tensor) -> memoryview:
     if tensor.numel() == 0:
         return _EMPTY
     try:  # any shape: numpy's view of a contiguous tensor, one C call
-        return memoryview(tensor.numpy()).cast("B")
+        return tensor.numpy().data.cast("B")
     except (TypeError, RuntimeError):  # bfloat16 (numpy has none), a tensor needing grad
         return tensor.detach().view(-1).view(torch.uint8).numpy().data.cast("B")
 

@@ -9,15 +9,19 @@ its op thread.
 
 from __future__ import annotations
 
-import os
-
 from torchcomms import config
+from torchcomms.transport import placement
 
 
 class WaitPolicy:
     """How to wait, from ranks per core: spin only when every rank has a core of its own."""
 
-    __slots__ = ("oversubscribed", "sleep_max_s", "spins", "yield_s")
+    __slots__ = ("oversubscribed", "sleep_max_s", "spin_s", "spins", "yield_s")
+
+    #: The spin phase ends after this long, whatever ``spins`` says: one readiness check
+    #: of a p2p wait costs 5-10 us, and 32 of them, with a peer on the same core (the
+    #: scheduler's choice, or pinning), held that core for ~300 us per hand-over.
+    SPIN_S = 5e-6
 
     #: Longest futex sleep between checks of the deadline, the peers' liveness and a lost
     #: wake-up (the doorbell protocol tolerates one, bounded by this).
@@ -25,15 +29,13 @@ class WaitPolicy:
 
     def __init__(self, local_ranks: int, cores: int | None = None) -> None:
         if cores is None:
-            try:
-                cores = len(os.sched_getaffinity(0))
-            except AttributeError:  # pragma: no cover - non-Linux
-                cores = os.cpu_count() or 1
+            cores = placement.usable_cores()
         self.oversubscribed = local_ranks > cores
         # A Python spin iteration is ~0.1-0.3 us.  Spin only a few microseconds even when
         # cores suffice: the scheduler may still put a peer on this core, and yielding (which
         # returns at once when nothing else is runnable) lets it run.
         self.spins = 0 if self.oversubscribed else 32
+        self.spin_s = self.SPIN_S
         # Yielding hands the core to a peer that shares it; past this, block on a futex
         # doorbell (a peer that writes a flag rings it), so long waits cost no CPU.
         # On the dev VM a futex wake-up of an idle vCPU takes 0.15-4 ms, so a wait yields for
