@@ -62,8 +62,6 @@ from torchcomms.types import CommOptions, OpOptions
 from torchcomms.work import AsyncWork, CompletedWork, TorchWork
 
 logger = logging.getLogger("torchcomms.backends.cpu")
-#: How long rank 0's finalize waits for members still reading the connect verdict.
-_DETACH_WAIT_S = 2.0
 
 SUPPORTED_DTYPES = frozenset(CPU_DTYPES)
 
@@ -198,16 +196,9 @@ class TorchCommGloo(CpuDispatch, CommBackend):
         )
 
     def finalize(self) -> None:
-        store = self._store
-        healthy = self._ops is not None and self._status.cause is None and not self._status.aborted
-        if healthy and self._rank == 0 and self._size > 1 and store is not None:
-            # new_comm then finalize at once: a member may still be reading the final
-            # handshake's verdict from the store rank 0 serves; let it finish (bounded).
-            detached = cpu_connect.members_detached(
-                store.store, "connected", self._size, _DETACH_WAIT_S
-            )
-            if not detached:
-                logger.debug("finalize: not every member acknowledged the connect")
+        store, status = self._store, self._status
+        if self._rank == 0 and self._ops is not None and store is not None and status.cause is None:
+            cpu_connect.members_detached(store.store, "connected", self._size)
         self._release(join_timeout_s=self._timeout.total_seconds())
         self._handle_server = None  # its store server stops once no comm store keeps it
 
@@ -420,11 +411,9 @@ class TorchCommGloo(CpuDispatch, CommBackend):
         if self._store is None:
             return None
         store = self._recovery_store()
-
-        def read() -> int | None:
-            return int(store.get("revoked")) if store.check(["revoked"]) else None
-
-        return cpu_liveness.within(1.0, read, "revoked")
+        return cpu_liveness.within(
+            1.0, lambda: int(store.get("revoked")) if store.check(["revoked"]) else None, "revoked"
+        )
 
     def _recovery_store(self) -> c10d.Store:
         """Where revoke and shrink meet: the durable store, else the comm's own."""
@@ -515,14 +504,12 @@ class TorchCommGloo(CpuDispatch, CommBackend):
     ) -> TorchWork:
         """Run ``body(*args, deadline)`` in issue order, inline (sync) or on the executor.
 
-        ``peers`` (point-to-point ops) are named in the error if the op fails.  Bytes move
-        outside autograd (as in c10d): no graph, in-place writes to leaves allowed.
-        """
+        ``peers`` (p2p) are named in the error if the op fails.  Bytes move outside autograd
+        (as in c10d): no graph, in-place writes to leaves allowed."""
         executor = self._executor
         if executor is None:
             raise CommStateError(self._prefix(opts) + "TorchCommGloo not initialized")
-        timeout = opts.timeout
-        status = self._status
+        timeout, status = opts.timeout, self._status
         if not async_op:
             if executor._unfinished:
                 executor.drain(timeout.total_seconds())

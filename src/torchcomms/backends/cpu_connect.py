@@ -15,6 +15,7 @@ Runs on the thread that creates the communicator.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -28,6 +29,8 @@ from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError, CommTimeoutError, PeerFailureError
 from torchcomms.transport import shm_segment
 from torchcomms.transport.shm_channel import ranks_text
+
+logger = logging.getLogger("torchcomms.backends.cpu_connect")
 
 T = TypeVar("T")
 
@@ -196,10 +199,19 @@ def rendezvous(
         store.add(f"{key}/seen", 1)
 
 
-def members_detached(store: c10d.Store, key: str, size: int, within_s: float) -> bool:
+#: How long rank 0's finalize waits for members still reading the connect verdict.
+DETACH_WAIT_S = 2.0
+
+
+def members_detached(
+    store: c10d.Store, key: str, size: int, within_s: float = DETACH_WAIT_S
+) -> bool:
     """Whether every other member acknowledged ``key`` (``rendezvous(ack=True)``), waiting
-    up to ``within_s``: rank 0 serves the store, and leaving first would cut off a member
-    still reading the verdict."""
+    up to ``within_s``.  Rank 0's ``finalize`` calls it: rank 0 serves the comm's store, and
+    after ``new_comm`` then ``finalize`` at once, leaving first cut off members still
+    reading the verdict."""
+    if size <= 1:
+        return True
     end = time.monotonic() + within_s
     while True:
         try:
@@ -208,6 +220,7 @@ def members_detached(store: c10d.Store, key: str, size: int, within_s: float) ->
         except Exception:  # the store is gone already: nobody can be reading it
             return True
         if time.monotonic() >= end:
+            logger.debug("finalize: not every member acknowledged %s", key)
             return False
         time.sleep(0.001)
 
