@@ -6,6 +6,9 @@ For an 8-byte all_reduce it times the TorchComm API (flight recorder on, no user
 the gloo backend (``impl.all_reduce``), the transport's ops object (``ShmOps.all_reduce``)
 and the one-shot algorithm (``ShmCollectives.all_reduce``); the differences are each
 layer's own cost.  broadcast and barrier are timed through the API and the backend.
+Two more communicators split the TorchComm layer: one with no observer at all (no
+flight recorder: validation, op id, options, work) and one whose only observer does
+nothing (adds the op record's life cycle); the flight recorder's entry is the rest.
 
 Each row is the best of ``--rounds`` rounds of ``--calls`` calls; the rows are
 interleaved round by round, so a noisy neighbour slows every row alike rather than one.
@@ -33,9 +36,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _doc import write_doc
 
 
-def time_rows(
-    rows: dict[str, Callable[[], object]], calls: int, rounds: int
-) -> dict[str, float]:
+class _NoOpObserver:
+    def op_scheduled(self, record: object) -> None:
+        pass
+
+    def op_finished(self, record: object) -> None:
+        pass
+
+
+def time_rows(rows: dict[str, Callable[[], object]], calls: int, rounds: int) -> dict[str, float]:
     """Best per-call time (µs) of each row, rows interleaved within every round."""
     best = dict.fromkeys(rows, float("inf"))
     for fn in rows.values():  # warm up every path once
@@ -78,21 +87,33 @@ def main() -> None:
         "api barrier": lambda: comm.barrier(False),
         "backend barrier": lambda: impl.barrier(False, opts),
     }
+    bare = torchcomms.new_comm("gloo", torch.device("cpu"), name="breakdown_bare")
+    bare._observers = ()  # type: ignore[attr-defined]  # internal: no flight recorder
+    null = torchcomms.new_comm("gloo", torch.device("cpu"), name="breakdown_null")
+    null._observers = (_NoOpObserver(),)  # type: ignore[attr-defined]
+    rows["api all_reduce, no observer"] = lambda: bare.all_reduce(t, op, False)
+    rows["api all_reduce, no-op observer"] = lambda: null.all_reduce(t, op, False)
     us = time_rows(rows, args.calls, args.rounds)
-    comm.finalize()
+    for c in (comm, bare, null):
+        c.finalize()
     layers = {
         "TorchComm layer (all_reduce)": us["api all_reduce"] - us["backend all_reduce"],
-        "backend + shm adapter (all_reduce)": us["backend all_reduce"]
-        - us["algorithm all_reduce"],
+        "backend + shm adapter (all_reduce)": us["backend all_reduce"] - us["algorithm all_reduce"],
         "TorchComm layer (broadcast)": us["api broadcast"] - us["backend broadcast"],
         "TorchComm layer (barrier)": us["api barrier"] - us["backend barrier"],
+        "  of which validation, op id, options, work": us["api all_reduce, no observer"]
+        - us["backend all_reduce"],
+        "  of which the op record's life cycle": us["api all_reduce, no-op observer"]
+        - us["api all_reduce, no observer"],
+        "  of which the flight recorder's entry": us["api all_reduce"]
+        - us["api all_reduce, no-op observer"],
     }
     print("transport:", transport)
     for label, value in us.items():
-        print(f"{label:36s} {value:7.2f} us")
+        print(f"{label:44s} {value:7.2f} us")
     print("-- each layer's own cost")
     for label, value in layers.items():
-        print(f"{label:36s} {value:7.2f} us")
+        print(f"{label:44s} {value:7.2f} us")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         write_doc(
@@ -106,6 +127,7 @@ def main() -> None:
             python=platform.python_version(),
         )
         print("wrote", args.json)
+
 
 if __name__ == "__main__":
     main()
