@@ -100,8 +100,8 @@ class TorchWork:
 class CompletedWork(TorchWork):
     """The work of an operation that already finished when it was returned.
 
-    Every sync op returns one, so it costs an allocation and nothing more: its state
-    never changes, and lives in class attributes.
+    Every sync op returns one, so it costs an allocation and nothing more: its state lives
+    in class attributes (``completed_python_work`` sets its own flag on the instance).
     """
 
     _status = WorkStatus.COMPLETED

@@ -16,10 +16,12 @@ starts a goodbye (``u32 length`` + text).  Messages of one pair and tag match in
 a message that arrives before its receive is posted waits in a per-peer queue (one
 copy), one whose receive is posted is read straight into the tensor.
 
-**Progress.**  Whoever waits drives: ``wait(ops)`` sends and receives for every posted
-op (not only its own: so two ranks that both send first never deadlock) until its ops are
-done, a spin first where allowed, then ``poll`` in slices with ``between`` (abort,
-liveness, deadline) after each idle one.  While ops are posted that no thread waits
+**Progress.**  A send posted with nothing queued ahead of it on its connection, while no
+thread drives, goes out at once (what the socket takes; the rest is queued first in line),
+so a small message is done when ``post_send`` returns.  Otherwise whoever waits drives:
+``wait(ops)`` sends and receives for every posted op (not only its own: so two ranks that
+both send first never deadlock) until its ops are done, a spin first where allowed, then
+``poll`` in slices with ``between`` (abort, liveness, deadline) after each idle one.  While ops are posted that no thread waits
 for (an async receive posted before a collective), a helper thread drives in short
 slices, so a sender is never stuck behind a receiver busy elsewhere.  One driver at a
 time (``_drive``); ``post_*`` may run on any thread.
