@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.harness import RankContext, run_ranks
-from torchcomms import ReduceOp, new_comm
+from torchcomms import ReduceOp, config, new_comm
 from torchcomms.transport import placement
 
 CPU = torch.device("cpu")
@@ -89,6 +89,6 @@ def test_a_bad_value_is_refused_naming_the_setting() -> None:
     with pytest.raises(RuntimeError, match="TORCHCOMM_CPU_AFFINITY"):
         os.environ["TORCHCOMM_CPU_AFFINITY"] = "bogus"
         try:
-            placement.mode(None)
+            config.cpu_affinity(None)
         finally:
             del os.environ["TORCHCOMM_CPU_AFFINITY"]

@@ -197,16 +197,33 @@ _UNITS = {
 }
 
 
-def transport(hint: str | None) -> str:
-    """Hint ``transport``, else ``TORCHCOMM_TRANSPORT``, else ``auto`` (one of TRANSPORTS)."""
-    source = "hint transport" if hint is not None else "TORCHCOMM_TRANSPORT"
-    raw = hint if hint is not None else os.environ.get("TORCHCOMM_TRANSPORT")
-    value = (raw or "auto").strip().lower()
-    if value not in TRANSPORTS:
+def _choice(
+    hint: str | None, hint_name: str, env: str, choices: tuple[str, ...], default: str
+) -> str:
+    """The hint if given, else the environment variable, else ``default``: one of ``choices``."""
+    source = f"hint {hint_name}" if hint is not None else env
+    raw = hint if hint is not None else os.environ.get(env)
+    value = (raw or default).strip().lower()
+    if value not in choices:
         raise RuntimeError(
-            f"Invalid value for {source}: {raw!r} (expected one of {', '.join(TRANSPORTS)})"
+            f"Invalid value for {source}: {raw!r} (expected one of {', '.join(choices)})"
         )
     return value
+
+
+def transport(hint: str | None) -> str:
+    """Hint ``transport``, else ``TORCHCOMM_TRANSPORT``, else ``auto`` (one of TRANSPORTS)."""
+    return _choice(hint, "transport", "TORCHCOMM_TRANSPORT", TRANSPORTS, "auto")
+
+
+#: ``off``: the scheduler places ranks; ``spread``: local rank i on core i mod n.
+CPU_AFFINITY_MODES = ("off", "spread")
+
+
+def cpu_affinity(hint: str | None) -> str:
+    """Hint ``cpu_affinity``, else ``TORCHCOMM_CPU_AFFINITY``, else ``off``
+    (``transport.placement``)."""
+    return _choice(hint, "cpu_affinity", "TORCHCOMM_CPU_AFFINITY", CPU_AFFINITY_MODES, "off")
 
 
 def parse_bytes(source: str, raw: str) -> int:

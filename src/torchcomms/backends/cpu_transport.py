@@ -44,7 +44,9 @@ def open_transport(
     size = len(peers)
     here = [r for r, (host, _) in enumerate(peers) if host == peers[rank][0]]
     # Before any wait policy is built: they count the cores the ranks run on.
-    placement.place(placement.mode(options.hints.get("cpu_affinity")), here.index(rank), len(here))
+    placement.place(
+        config.cpu_affinity(options.hints.get("cpu_affinity")), here.index(rank), len(here)
+    )
     prefix = cpu_connect.connect_prefix(name, rank)
     if _use_shm(mode, peers, rank, name):
         return cpu_shm.ShmOps(

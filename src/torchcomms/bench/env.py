@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from torchcomms import config
 from torchcomms.bench import memprobe
 from torchcomms.transport import placement
 
@@ -69,6 +70,6 @@ def capture(
         "transport": transport,
         "baseline_transport": baseline_transport,
         "fr_buffer_size_env": os.environ.get("TORCHCOMM_FR_BUFFER_SIZE"),
-        "cpu_affinity": os.environ.get("TORCHCOMM_CPU_AFFINITY") or "off",
+        "cpu_affinity": config.cpu_affinity(None),
         "placed_core": placement.placed_core(),
     }

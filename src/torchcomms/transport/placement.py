@@ -7,8 +7,8 @@ its peer needs, and every switch between two torch processes refills caches.  Sp
 the ranks over the allowed cores keeps each on a core of its own when there are enough,
 and shares cores evenly when there are not.
 
-``TORCHCOMM_CPU_AFFINITY`` (or the hint ``cpu_affinity``): ``off`` (the default: the
-scheduler decides) or ``spread``.  The first communicator of a process that asks for it
+``TORCHCOMM_CPU_AFFINITY`` (or the hint ``cpu_affinity``, read by ``config.cpu_affinity``):
+``off`` (the default: the scheduler decides) or ``spread``.  The first communicator of a process that asks for it
 places the process (every thread it has, and so every thread it starts later); later
 communicators keep that placement.  The cores are the ones the process may use when it is
 placed (``os.sched_getaffinity``), so a launcher's own pinning narrows them first.
@@ -24,23 +24,9 @@ import threading
 
 logger = logging.getLogger("torchcomms.transport.placement")
 
-MODES = ("off", "spread")
-
 _lock = threading.Lock()
 _placed_core: int | None = None
 _spread_over: int | None = None
-
-
-def mode(hint: str | None) -> str:
-    """Hint ``cpu_affinity``, else ``TORCHCOMM_CPU_AFFINITY``, else ``off``."""
-    source = "hint cpu_affinity" if hint is not None else "TORCHCOMM_CPU_AFFINITY"
-    raw = hint if hint is not None else os.environ.get("TORCHCOMM_CPU_AFFINITY")
-    value = (raw or "off").strip().lower()
-    if value not in MODES:
-        raise RuntimeError(
-            f"Invalid value for {source}: {raw!r} (expected one of {', '.join(MODES)})"
-        )
-    return value
 
 
 def place(requested: str, local_index: int, local_count: int) -> int | None:
