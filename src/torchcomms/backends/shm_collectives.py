@@ -337,7 +337,7 @@ class ShmCollectives:
             if len(self._bcast_plans) > 256:
                 self._bcast_plans.clear()
             self._bcast_plans[(dtype, n, root)] = (
-                F.make(F.BROADCAST, dtype, n, root),
+                fp if fp is not None else F.make(F.BROADCAST, dtype, n, root),
                 (chan.slot(root, 0, dtype, n), chan.slot(root, 1, dtype, n)),
             )
         for start in range(0, n, cap):

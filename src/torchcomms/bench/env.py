@@ -28,11 +28,9 @@ def cpu_model() -> str:
 
 
 def usable_cores() -> int:
-    """Cores this process may run on (affinity), else ``os.cpu_count()``."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    """Cores this host's ranks run on: what placement spread them over, else this process's
+    affinity (``transport.placement``)."""
+    return placement.usable_cores()
 
 
 def load_average() -> list[float]:
@@ -46,7 +44,7 @@ def capture(
     command: str, world_size: int, transport: str, baseline_transport: str | None
 ) -> dict[str, Any]:
     """Everything that explains an absolute time: CPU, cores, load, versions, transport."""
-    usable = placement.usable_cores() if placement.placed_core() is not None else usable_cores()
+    usable = usable_cores()
     try:
         affinity = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):

@@ -77,7 +77,7 @@ def usable_cores() -> int:
         return _spread_over
     try:
         return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - non-Linux
+    except (AttributeError, OSError):  # pragma: no cover - non-Linux
         return os.cpu_count() or 1
 
 

@@ -213,11 +213,14 @@ class P2P:
     # -- waiting ---------------------------------------------------------------------------
     def wait(self, ops: list[Transfer], between: Callable[[], None]) -> None:
         """Drive until every op of ``ops`` is done; raise the first one's error."""
-        if all(op.done for op in ops):  # e.g. a send that went out when it was posted
-            for op in ops:
-                if op.error is not None:
-                    raise op.error
-            return
+        if not all(op.done for op in ops):  # (a send that went out when posted is done)
+            self._drive_until(ops, between)
+        for op in ops:
+            if op.error is not None:
+                raise op.error
+
+    def _drive_until(self, ops: list[Transfer], between: Callable[[], None]) -> None:
+        """Move every posted op, one driver at a time, until ``ops`` are done."""
         with self._wake:
             self._waiting += 1
         try:
@@ -242,9 +245,6 @@ class P2P:
             with self._wake:
                 self._waiting -= 1
                 self._wake.notify()
-        for op in ops:
-            if op.error is not None:
-                raise op.error
 
     def kick(self) -> None:
         """After posting: if no thread comes to wait for the ops, the helper drives them."""
