@@ -85,6 +85,7 @@ def test_cli_flags_defaults_and_quick_mode() -> None:
     assert (s.dtype, s.redop, s.root, s.backend) == ("float32", "sum", 0, "gloo")
     assert [op.name for op in s.ops] == ALL_OPS
     assert not s.vs_gloo and not s.fr_overhead and s.json_path is None and args.nproc is None
+    assert args.affinity is None  # the environment's setting, else off
 
     argv = "-b 1K -e 64M -f 4 -n 7 -w 0 -c 0 --dtype int32 --redop max --root 1 --nproc 4"
     argv += " --op all_gather_single,all_reduce,all_reduce --vs gloo --json x.json --blocks 2"
@@ -116,6 +117,7 @@ def test_cli_flags_defaults_and_quick_mode() -> None:
         (["--redop", "avg"], "invalid choice: 'avg'"),
         (["-c", "2"], "invalid choice: 2"),
         (["--timeout", "0"], "--timeout must be positive"),
+        (["--affinity", "everywhere"], "invalid choice: 'everywhere'"),
     ],
 )
 def test_cli_bad_arguments_exit_2(
@@ -357,7 +359,10 @@ def test_plot_writes_a_png(tmp_path: Any) -> None:
 def test_smoke_two_ranks_quick_json(tmp_path: Any) -> None:
     path = tmp_path / "bench.json"
     proc = _bench(
-        ["--nproc", "2", "--quick", "--vs", "gloo", "--fr-overhead", "-n", "3", "--json", str(path)]
+        [
+            *("--nproc", "2", "--quick", "--vs", "gloo", "--fr-overhead", "-n", "3"),
+            *("--json", str(path), "--affinity", "spread"),
+        ]
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
@@ -373,6 +378,11 @@ def test_smoke_two_ranks_quick_json(tmp_path: Any) -> None:
     assert env["transport"].startswith("shm (2 ranks on this host"), env["transport"]
     assert env["baseline_transport"].startswith("tcp (loopback"), env["baseline_transport"]
     assert "--nproc 2 --quick" in env["command"] and env["hostname"] and env["date"]
+    # --affinity spread reached the ranks: rank 0 (which writes the JSON) sits on the first core
+    assert env["cpu_affinity"] == "spread", env
+    assert env["placed_core"] == min(os.sched_getaffinity(0)) and env["affinity"] == [
+        env["placed_core"]
+    ], env
     mem = doc["memory_bandwidth"]
     for key in ("copy_1p_GBps", "add_1p_GBps", "copy_np_GBps", "add_np_GBps"):
         assert mem[key] > 0, key

@@ -14,6 +14,8 @@ processes.
 from __future__ import annotations
 
 import os
+import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -263,4 +265,31 @@ def test_a_send_to_a_listener_that_is_gone_fails_naming_the_peer() -> None:
     with pytest.raises(LanePeerGone) as info:
         eng.wait([op], _deadline(5.0))
     assert info.value.peer == 3 and info.value.said is None
+    eng.close()
+
+
+def test_a_send_on_a_connection_the_peer_reset_fails_naming_the_peer() -> None:
+    """The peer accepted, then vanished (a reset): a send posted afterwards fails where it
+    is sent, at post time, naming the peer; it never reports success."""
+    srv = tcp_lane.listen("127.0.0.1")
+    port = srv.getsockname()[1]
+    mine = tcp_lane.listen("127.0.0.1")
+    eng = P2P(0, mine, "tok", lambda r: ("127.0.0.1", port, "theirs"))
+    first = eng.post_send(3, 0, as_bytes(torch.ones(4)))  # dials, goes out when posted
+    assert first.done and first.error is None
+    conn, _ = srv.accept()
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn.close()  # linger 0: the peer's end sends a reset
+    srv.close()
+    outcomes = []
+    for _ in range(200):  # until the reset has arrived; each send is sent at once
+        op = eng.post_send(3, 0, as_bytes(torch.ones(4)))
+        outcomes.append(op.error)
+        if op.error is not None:
+            break
+        time.sleep(0.01)
+    assert isinstance(outcomes[-1], LanePeerGone), outcomes
+    assert outcomes[-1].peer == 3 and outcomes[-1].said is None
+    with pytest.raises(LanePeerGone):
+        eng.wait([op], _deadline(5.0))
     eng.close()
