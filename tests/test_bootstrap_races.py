@@ -10,7 +10,10 @@ Issue 12, item 6. Covers:
 * a rank that never joins: the others fail within their timeout with ``CommTimeoutError``
   naming it (``rank 1 never joined``, ``.ranks``), not a raw ``DistStoreError``, and the
   kept exception pins no listening socket (``MASTER_PORT`` and the private store are closed),
-  so the next ``new_comm`` on the same port works.
+  so the next ``new_comm`` on the same port works;
+* rank 0 failing mid-connect (after the private store is up) while a member still has store
+  waits ahead: the member raises ``CommError`` naming rank 0, not c10d's raw
+  "Failed to recv, got 0 bytes" from the store that left with rank 0.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import torch
 from tests import harness
 from tests.harness import RankContext, run_ranks
 from torchcomms import ReduceOp, TorchComm, new_comm
-from torchcomms.errors import CommTimeoutError
+from torchcomms.backends import cpu_transport
+from torchcomms.errors import CommError, CommTimeoutError
 
 CPU = torch.device("cpu")
 #: Generous: these tests assert that nothing fails, not that something is fast.
@@ -225,3 +229,41 @@ def test_missing_rank_is_named_and_pins_no_port() -> None:
     assert results[0]["no_rank1_port_free"], "MASTER_PORT still served by the failed init"
     assert results[0]["no_rank1_leaked"] == [], "the failed init left a listening socket"
     assert results[1]["no_rank0_leaked"] == []
+
+
+def _rank0_leaves_mid_connect(ctx: RankContext) -> dict[str, Any]:
+    """Rank 0 refuses its transport (forced shm across two host identities) while rank 1,
+    held back one second before its transport step, still has the connect's store waits
+    ahead of it: rank 0's private store goes away with its failed ``new_comm``."""
+    os.environ["TORCHCOMM_HOST_ID"] = f"simulated-host-{ctx.rank}"
+    hints = {"transport": "shm"} if ctx.rank == 0 else {}
+    if ctx.rank == 1:
+        opened = cpu_transport.open_transport
+
+        def late(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(1.0)
+            return opened(*args, **kwargs)
+
+        cpu_transport.open_transport = late  # type: ignore[assignment]
+    start = time.monotonic()
+    with pytest.raises(Exception) as info:
+        new_comm("gloo", CPU, name="leaves", store=ctx.store, timeout=OK_TIMEOUT, hints=hints)
+    error = info.value
+    return {
+        "type": type(error).__name__,
+        "is_comm_error": isinstance(error, CommError),
+        "message": str(error),
+        "ranks": getattr(error, "ranks", None),
+        "elapsed": time.monotonic() - start,
+    }
+
+
+def test_rank0_failing_mid_connect_is_named_by_a_member_still_connecting() -> None:
+    r0, r1 = run_ranks(_rank0_leaves_mid_connect, 2, timeout=60)
+    assert r0["is_comm_error"] and "shm" in r0["message"], r0
+    # Not c10d's "Failed to recv, got 0 bytes ..." from the vanished store: rank 0 named.
+    assert r1["is_comm_error"], r1
+    assert r1["message"].startswith("[TorchCommGloo comm=leaves rank=1] new_comm: "), r1
+    assert "rank 0" in r1["message"], r1
+    assert r1["ranks"] == (0,), r1
+    assert r1["elapsed"] < 10.0, r1  # well inside the 60 s timeout

@@ -109,6 +109,7 @@ class TorchCommGloo(CpuDispatch, CommBackend):
 
     # -- lifecycle -----------------------------------------------------------------------------
     def init(self, device: torch.device, name: str, options: CommOptions) -> None:
+        cpu_transport.check_settings(options.hints)  # before any store op (see there)
         if options.enable_reconfigure:  # members connect at reconfigure (cpu_recovery)
             self._set_device_and_options(device, options)
             self._name = name
@@ -122,11 +123,14 @@ class TorchCommGloo(CpuDispatch, CommBackend):
         )
         try:
             self._connect(device, name, options, store, rank, size)
-        except BaseException:
+        except BaseException as exc:
             # A kept exception must not keep rank 0's store server (and its port) alive.
             store.close()
             self._store = None
-            raise
+            lost = cpu_connect.store_lost(exc, name, rank, self._peers)
+            if lost is None:
+                raise
+            raise lost from exc
 
     def _connect(
         self,
@@ -235,11 +239,10 @@ class TorchCommGloo(CpuDispatch, CommBackend):
     def abort(self) -> None:
         """Local and prompt, from any thread: pending ops fail with ``CommAbortedError``.
 
-        The state moves to ``aborted`` first (later ops are refused, errors that surface
-        from running ops are reported as aborts), then the executor fails every queued
-        and running work at once (their ``wait()`` returns even if the transport does not),
-        then the transport makes its waits raise.  Nothing here joins a thread.
-        """
+        The state moves to ``aborted`` first (later ops are refused, errors from running
+        ops are reported as aborts), then the executor fails every queued and running work
+        at once (their ``wait()`` returns even if the transport does not), then the
+        transport makes its waits raise.  Nothing here joins a thread."""
         self._status.abort()
         executor = self._executor
         if executor is not None:
@@ -249,11 +252,9 @@ class TorchCommGloo(CpuDispatch, CommBackend):
             try:
                 ops.abort()
             except Exception:
+                extra = {"comm": self._name, "rank": self._rank}
                 logger.warning(
-                    "transport abort of comm %s raised",
-                    self._name,
-                    exc_info=True,
-                    extra={"comm": self._name, "rank": self._rank},
+                    "transport abort of %s raised", self._name, exc_info=True, extra=extra
                 )
 
     # -- getters and settings --------------------------------------------------------------------

@@ -24,6 +24,7 @@ from datetime import timedelta
 from typing import TypeVar
 
 import torch._C._distributed_c10d as c10d
+import torch.distributed
 
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError, CommTimeoutError, PeerFailureError
@@ -81,6 +82,32 @@ def wait_keys(
             raise timed_out(prefix, deadline, what, waited, "never arrived")
         time.sleep(min(pause, max(deadline.left_s(), 0.0)))
         pause = min(pause * 2, _POLL_MAX_S)
+
+
+def store_lost(
+    exc: BaseException, name: str, rank: int, peers: Sequence[tuple[str, int]]
+) -> CommError | None:
+    """What a member raises instead of ``exc``, which ended its connect, if ``exc`` is
+    c10d's raw "connection closed" from the comm's store (served by rank 0); else None.
+
+    That store goes away when rank 0's ``new_comm`` fails, so the other members read it as
+    rank 0 dying (when its process is gone, on this host) or leaving.
+    """
+    if rank == 0 or not isinstance(exc, torch.distributed.DistNetworkError):
+        return None
+    prefix = connect_prefix(name, rank)
+    what = "the connect"
+    try:
+        check_dead(local_pids(peers, rank) if peers else {}, [0], prefix, what)
+    except PeerFailureError as dead:
+        return dead
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    error = CommError(
+        f"{prefix}the store served by rank 0 stopped answering during {what} ({first}): "
+        "rank 0 failed or left new_comm; its own error says why"
+    )
+    error.ranks = (0,)
+    return error
 
 
 def timed_out(

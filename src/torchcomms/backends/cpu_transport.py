@@ -32,6 +32,24 @@ from torchcomms.transport.wait_policy import WaitPolicy
 from torchcomms.types import CommOptions
 
 
+def check_settings(hints: Mapping[str, str]) -> None:
+    """Parse every transport setting (hint or environment variable) once, raising on a bad one.
+
+    Called before the bootstrap: a bad value then fails on every rank that has it before
+    any store operation, instead of on rank 0 mid-connect while the others still wait on
+    rank 0's store (which goes away with rank 0's failed ``new_comm``).
+    """
+    config.transport(hints.get("transport"))
+    config.cpu_affinity(hints.get("cpu_affinity"))
+    config.gloo_lazy_init(hints.get("lazy"))
+    config.shm_slot_bytes(hints.get("shm_slot_bytes"))
+    config.shm_pair_bytes(hints.get("shm_pair_bytes"))
+    config.shm_oneshot_max(hints.get("shm_oneshot_max"))
+    config.hier_small_max(hints.get("hier_small_max"))
+    config.shm_wait_policy()
+    config.liveness_period_s()
+
+
 def open_transport(
     mode: str,
     store: c10d.Store,
