@@ -1,7 +1,7 @@
 """What creating, splitting and reconfiguring a communicator costs per rank, counted.
 
     python benchmarks/diagnostics/scale_counts.py [--sizes 2,4,8,16,32,64] \
-        [--transports auto,tcp] [--json out.json]
+        [--transports auto,tcp,hier] [--lazy] [--json out.json]
 
 For each world size N and transport, N ranks are forked from this process (oversubscribed
 past 2 cores: counts, not times, are the measure) and the store is served by a process
@@ -12,6 +12,10 @@ counted (``torchcomms.store_counts``: ours and gloo's).  Per rank and phase it r
   the rest (the operations that move keys);
 * sockets and threads the process holds after the phase, shared-memory bytes it maps;
 * the phase's wall time (on 2 cores at N = 64 it measures the CPU, not the algorithm).
+
+Transports: ``auto`` (shm: one host), ``tcp``, and ``hier``: the ranks play two hosts
+(``TORCHCOMM_HOST_ID``, blocked halves; gloo on loopback), so from N = 4 the comm is
+hierarchical (shm inside each half, gloo between).
 
 Phases: ``new_comm`` (the world), a first 1 MiB ``all_reduce`` (the tcp lane's ring) and
 a first ``all_to_all`` (gloo's pairs; ``--lazy`` makes gloo connect them only then),
@@ -70,6 +74,10 @@ def _rank(rank: int, world: int, port: int, transport: str, q: Any) -> None:
 
     store = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=300))
     hints = {"transport": transport}
+    if transport == "hier":  # two simulated hosts (blocked halves), gloo on loopback
+        os.environ["TORCHCOMM_HOST_ID"] = f"simulated-host-{rank * 2 // world}"
+        os.environ["TORCHCOMM_GLOO_HOSTNAME"] = "127.0.0.1"
+        hints = {"transport": "auto"}
     cpu = torch.device("cpu")
     timeout = timedelta(seconds=300)
     rows: dict[str, Any] = {}

@@ -404,7 +404,7 @@ def _dup_store(
     if rank == 0:
         joins = {r: f"join{tag}/{r}" for r in range(size)}
         _wait_keys(bootstrap, joins, deadline, where, "never joined", served_by, _StoreGone)
-        hosts = _bootstrap_op(lambda: {bootstrap.get(k) for k in joins.values()}, where)
+        hosts = _bootstrap_op(lambda: set(bootstrap.multi_get(list(joins.values()))), where)
         # Every rank on this host: the private store needs no more than loopback.
         host = LOOPBACK if len(hosts) == 1 else _advertised_host(bootstrap)
         try:

@@ -69,6 +69,11 @@ class CountingStore(c10d.Store):
         _count("get", len(key), len(value))
         return value
 
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        values = [bytes(v) for v in self.inner.multi_get(keys)]
+        _count("multi_get", sum(len(k) for k in keys), sum(len(v) for v in values))
+        return values
+
     def add(self, key: str, amount: int) -> int:
         _count("add", len(key) + 8, 8)
         return int(self.inner.add(key, amount))

@@ -167,7 +167,7 @@ class TorchCommGloo(CpuDispatch, CommBackend):
             )
         except CommError as exc:
             if rank == 0 and size > 1:  # members past this step wait for rank 0's verdict
-                for step in ("preconnect", "connected"):
+                for step in ("listeners", "connected"):
                     cpu_connect.publish_failure(store.store, f"{step}/all", exc)
             raise
         try:

@@ -64,24 +64,67 @@ def wait_keys(
 ) -> None:
     """Wait until every key exists; ``keys[k]`` is the rank that writes ``k``.
 
+    Each poll is one ``check`` of every key (one round trip, whatever their number); only
+    a wait that times out checks them one by one, to name the ranks still missing.
+    Between polls, a writer whose process is gone (on this host) is named at once.
     ``verdict``: a key where rank 0 may publish that connecting failed
     (``publish_failure``); if it does, raise its verdict instead of waiting on.
     """
     names = list(keys)
+    writers = sorted(set(keys.values()))
     pause = 0.001
-    while True:
-        # Poll with ``check``: a timed ``wait`` that expires makes c10d log a warning.
-        names = [k for k in names if not store.check([k])]
-        if not names:
-            return
-        waited = sorted({keys[k] for k in names})
-        check_dead(local_pids, waited, prefix, what)
+    # Poll with ``check``: a timed ``wait`` that expires makes c10d log a warning.
+    while not store.check(names):
+        check_dead(local_pids, writers, prefix, what)
         if verdict is not None:
             check_verdict(store, verdict, prefix, what)
         if deadline.passed():
-            raise timed_out(prefix, deadline, what, waited, "never arrived")
+            missing = sorted({keys[k] for k in names if not store.check([k])})
+            if not missing:
+                return
+            raise timed_out(prefix, deadline, what, missing, "never arrived")
         time.sleep(min(pause, max(deadline.left_s(), 0.0)))
         pause = min(pause * 2, _POLL_MAX_S)
+
+
+def gather(
+    store: c10d.Store,
+    key: str,
+    rank: int,
+    size: int,
+    value: str,
+    deadline: Deadline,
+    local_pids: Mapping[int, int],
+    prefix: str,
+    what: str,
+) -> list[str]:
+    """Every member's ``value``, in comm rank order, on every member; also a rendezvous.
+
+    The members set ``key/{rank}``; rank 0 waits for them all (polls of one ``check``),
+    reads them in one ``multi_get`` and publishes the list as one value, ``key/all`` (or,
+    if a member never arrives or dies, whom it blames: ``publish_failure``); the members
+    wait for that and read it.  So O(1) store round trips per rank, rank 0 included,
+    besides the polls; the bytes rank 0 reads and everyone reads back are O(N).
+    """
+    if size == 1:
+        return [value]
+    if rank == 0:
+        keys = {f"{key}/{r}": r for r in range(1, size)}
+        try:
+            wait_keys(store, keys, deadline, local_pids, prefix, what)
+        except CommError as exc:
+            publish_failure(store, f"{key}/all", exc)
+            raise
+        values = [value] + [bytes(v).decode() for v in store.multi_get(list(keys))]
+        store.set(f"{key}/all", "ok " + json.dumps(values))
+        return values
+    store.set(f"{key}/{rank}", value)
+    wait_keys(store, {f"{key}/all": 0}, deadline, local_pids, prefix, what)
+    published = store.get(f"{key}/all").decode()
+    if not published.startswith("ok "):
+        raise failure_from(published, prefix, what)
+    values = json.loads(published[3:])
+    return [str(v) for v in values]
 
 
 def store_lost(
@@ -255,32 +298,10 @@ def members_detached(
 def exchange_identities(
     store: c10d.Store, rank: int, size: int, identity: str, deadline: Deadline, prefix: str
 ) -> list[tuple[str, int]]:
-    """Every member's (host identity, pid), in comm rank order, through the store.
-
-    Rank 0 gathers them and publishes one list under ``host/all`` (or, if a member never
-    arrives, whom it blames: ``publish_failure``): O(1) store round trips for the other
-    members, O(N) for rank 0, O(N) in total.
-    """
+    """Every member's (host identity, pid), in comm rank order, through the store
+    (``gather``: O(1) store round trips per rank, O(N) in total)."""
     mine = f"{identity}\n{os.getpid()}"
-    what = "the identity exchange"
-    if size == 1:
-        values = [mine]
-    elif rank == 0:
-        keys = {f"host/{r}": r for r in range(1, size)}
-        try:
-            wait_keys(store, keys, deadline, {}, prefix, what)
-        except CommError as exc:
-            publish_failure(store, "host/all", exc)
-            raise
-        values = [mine] + [store.get(key).decode() for key in keys]
-        store.set("host/all", "ok " + json.dumps(values))
-    else:
-        store.set(f"host/{rank}", mine)
-        wait_keys(store, {"host/all": 0}, deadline, {}, prefix, what)
-        verdict = store.get("host/all").decode()
-        if not verdict.startswith("ok "):
-            raise failure_from(verdict, prefix, what)
-        values = json.loads(verdict[3:])
+    values = gather(store, "host", rank, size, mine, deadline, {}, prefix, "the identity exchange")
     peers = []
     for value in values:
         host, _, pid = value.rpartition("\n")

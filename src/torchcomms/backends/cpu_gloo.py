@@ -93,8 +93,10 @@ class GlooOps(CpuOps):
         check: bool = True,
         pg_timeout: timedelta = timedelta(seconds=600),
         store: Any = None,
+        pg_store: Any = None,
     ) -> None:
         self.pg = pg
+        self._pg_store = pg_store  # the store ``pg`` calls back into: lives as long as it
         self.lane = lane
         self.rank = rank
         self.size = size
@@ -148,8 +150,9 @@ class GlooOps(CpuOps):
         if self.liveness is not None:
             self.liveness.close()
         if (failed or self.waiter.troubled) and self.pg is not None:
-            _abandoned.append(self.pg)  # a gloo op may still run: never destroy it mid-op
-        self.pg = None
+            # a gloo op may still run: never destroy it (or its store) mid-op
+            _abandoned.append((self.pg, self._pg_store))
+        self.pg = self._pg_store = None
 
     def dead_peers(self) -> list[int]:
         """Members on this host whose process is gone (a dead remote shows as a closed socket)."""

@@ -119,6 +119,7 @@ def connect(
     hints: dict[str, str],
     timeout: timedelta,
     gloo_device: Any,
+    lazy: bool,
     describe: str,
 ) -> HierOps:
     """Build my host's shm segment and my cross group (collective over all members).
@@ -143,19 +144,21 @@ def connect(
             f"{describe} host{topo.host}",
         )
     cross: Any = None
+    cross_store: Any = None  # what ``cross`` calls back into: kept with it
     cross_index = 0
     try:
         i = topo.local_rank
         group = topo.cross_members(i)
         if len(group) > 1 and (i == 0 or topo.even):
             cross_index = group.index(rank)
-            cross = cpu_connect.guarded(
-                lambda: gloo.new_process_group(
+            cross, cross_store = cpu_connect.guarded(
+                lambda: gloo.connect_process_group(
                     c10d.PrefixStore(f"hier/cross{i}", store),
                     cross_index,
                     len(group),
                     timeout + GLOO_MARGIN,
                     gloo_device,
+                    lazy,
                 ),
                 deadline,
                 local_pids,
@@ -175,7 +178,7 @@ def connect(
         if local is not None:
             local.chan.close(STATE_FAILED)
         raise
-    return HierOps(topo, flat, local, cross, cross_index, small_max)
+    return HierOps(topo, flat, local, (cross, cross_store), cross_index, small_max)
 
 
 class HierOps(CpuOps):
@@ -187,7 +190,7 @@ class HierOps(CpuOps):
         topo: Topology,
         flat: GlooOps,
         local: ShmCollectives | None,
-        cross: Any,
+        cross: tuple[Any, Any],
         cross_index: int,
         small_max: int,
     ) -> None:
@@ -196,7 +199,8 @@ class HierOps(CpuOps):
         self.size = flat.size
         self.flat = flat
         self.local = local  # my host's segment (None when I am alone on my host)
-        self.cross = cross  # my cross group (None when it would have one member)
+        # my cross group (None when it would have one member) and the store it calls back into
+        self.cross, self._cross_store = cross
         self.cross_index = cross_index
         self.small_max = small_max
 
@@ -223,7 +227,7 @@ class HierOps(CpuOps):
 
     def close(self, failed: bool) -> None:
         local, self.local = self.local, None
-        self.cross = None
+        self.cross = self._cross_store = None
         self.flat.close(failed)
         if local is not None:
             local.chan.close(STATE_FAILED if failed else STATE_FINALIZED)

@@ -20,9 +20,12 @@ rank's ring neighbours, so the tcp and hierarchical paths keep their own facts:
   cut would otherwise believe, and gossip, that everyone it lost is gone.
 * **Who entered which op**: the op thread bumps ``seq`` as it enters a collective (a
   plain int store, no lock); the watcher publishes it to the store when it changed
-  (``lv/seq/{rank}``: one ``set`` per period at most, O(1) per rank).  On a timeout the
-  failing rank reads every member's value once (the failure path only) and names the
-  ranks that never entered.
+  (``lv/seq/{rank}``: one ``set`` per publish period at most, O(1) per rank).  The
+  publish period is the watch period, stretched at scale so that all members together
+  publish at most ``PUBLISH_BUDGET_PER_S`` times a second (``publish_period_s``): the
+  store's load stays bounded at any N.  On a timeout the failing rank waits two publish
+  periods, reads every member's value once (the failure path only) and names the ranks
+  that never entered.
 
 Threads: one daemon watcher per communicator (``torchcomms-liveness-NAME``); ``dead``
 is replaced whole (a tuple), so readers on any thread need no lock.  ``close`` stops the
@@ -52,6 +55,18 @@ T = TypeVar("T")
 
 #: How often the watcher checks pids and publishes this rank's op sequence number.
 PERIOD_S = 0.05
+#: Liveness publishes per second that all members of a comm may send the store together
+#: (at most; ops must run for any to be sent): about 5 % of what one TCPStore served here
+#: (``benchmarks/diagnostics/scale_model.py``).  Up to 250 members this leaves the period
+#: at ``PERIOD_S``.
+PUBLISH_BUDGET_PER_S = 5000.0
+
+
+def publish_period_s(size: int, period_s: float = PERIOD_S) -> float:
+    """How often a member of a ``size``-member comm publishes its op sequence number."""
+    return max(period_s, size / PUBLISH_BUDGET_PER_S)
+
+
 #: How long a timed-out op may spend asking the store who entered it.
 _STORE_READ_S = 1.0
 
@@ -87,6 +102,8 @@ class Liveness:
         self.seq = 0
         self._published = 0
         self._publishing = True
+        self._publish_every_s = publish_period_s(self.size, period_s)
+        self._next_publish = 0.0
         #: Ranks whose process is known gone, sorted.
         self.dead: tuple[int, ...] = ()
         self._stop = threading.Event()
@@ -105,7 +122,9 @@ class Liveness:
                 break
             self.check_pids()
             seq = self.seq
-            if seq != self._published and self._publishing:
+            now = time.monotonic()
+            if seq != self._published and self._publishing and now >= self._next_publish:
+                self._next_publish = now + self._publish_every_s
                 try:
                     self._store.set(f"seq/{self.rank}", str(seq))
                     self._published = seq
@@ -176,17 +195,19 @@ class Liveness:
         """Ranks (of ``ranks``, default all) that never entered collective ``seq``, or
         None when the store cannot tell within a second (its host unreachable).
 
-        Failure path only: waits two periods so live peers' watchers publish, then reads
-        every member's published sequence number (a rank with none entered nothing).
+        Failure path only: waits two publish periods so live peers' watchers publish, then
+        reads every member's published sequence number (a rank with none entered nothing).
         """
-        time.sleep(2 * self._period_s)
+        time.sleep(2 * self._publish_every_s)
         among = [r for r in (range(self.size) if ranks is None else ranks) if r != self.rank]
 
         def read() -> list[int]:
-            values = []
-            for r in among:
-                key = f"seq/{r}"
-                values.append(int(self._store.get(key).decode()) if self._store.check([key]) else 0)
+            keys = [f"seq/{r}" for r in among]
+            store = self._store
+            if store.check(keys):  # all published: one round trip
+                values = [int(bytes(v).decode()) for v in store.multi_get(keys)]
+            else:
+                values = [int(store.get(k).decode()) if store.check([k]) else 0 for k in keys]
             return [r for r, v in zip(among, values, strict=True) if v < seq]
 
         # A store behind a cut link would block for its timeout.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import secrets
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch._C._distributed_c10d as c10d
 
@@ -83,27 +83,48 @@ def open_transport(
     desc, device = gloo.choose_device(options.hints, hosts, hosts[rank], lazy)
     local = cpu_connect.local_pids(peers, rank)
     deadline = Deadline(options.timeout)
-    # gloo's connect holds the GIL while it waits for a peer's address: meet first, so a
-    # member that died since the identity exchange is named now, not at the timeout.
-    cpu_connect.rendezvous(
-        store, "preconnect", rank, size, deadline, local, prefix, "the gloo connect"
-    )
     lane_host = "127.0.0.1" if len(set(hosts)) == 1 else None
-    p2p = listen_p2p(store, rank, lane_host, options.hints, local)
+    p2p_listener = _Listener(store, lane_host, options.hints)
+    lane_listener = _Listener(store, lane_host, options.hints)
+    # One gather of both listeners' addresses (O(1) store round trips per rank), which is
+    # also where the members meet before gloo's connect: that holds the GIL while it waits
+    # for a peer, so a member that died since the identity exchange is named now.
+    try:
+        addresses = cpu_connect.gather(
+            store,
+            "listeners",
+            rank,
+            size,
+            f"{p2p_listener.entry}|{lane_listener.entry}",
+            deadline,
+            local,
+            prefix,
+            "the gloo connect",
+        )
+    except BaseException:
+        p2p_listener.sock.close()
+        lane_listener.sock.close()
+        raise
+    p2p = listen_p2p(p2p_listener, rank, [a.split("|")[0] for a in addresses], local)
     lane = connect_lane(
+        lane_listener,
         store,
         rank,
         size,
-        lane_host,
-        options.hints,
+        [a.split("|")[1] for a in addresses],
         deadline,
         local,
         prefix,
     )
     try:
-        pg = cpu_connect.guarded(
-            lambda: gloo.new_process_group(
-                c10d.PrefixStore("gloo", store), rank, size, options.timeout + GLOO_MARGIN, device
+        pg, pg_store = cpu_connect.guarded(
+            lambda: gloo.connect_process_group(
+                c10d.PrefixStore("gloo", store),
+                rank,
+                size,
+                options.timeout + GLOO_MARGIN,
+                device,
+                lazy,
             ),
             deadline,
             local,
@@ -131,11 +152,12 @@ def open_transport(
         config.mismatch_check(),
         options.timeout,
         c10d.PrefixStore("mm", store),
+        pg_store,
     )
     if mode != "tcp" and cpu_hier.wanted(peers) and not cpu_shm.unsupported_reason():
         try:
             return cpu_hier.connect(
-                store, flat, peers, options.hints, options.timeout, device, f"comm={name}"
+                store, flat, peers, options.hints, options.timeout, device, lazy, f"comm={name}"
             )
         except BaseException:
             flat.close(failed=True)
@@ -143,62 +165,51 @@ def open_transport(
     return flat
 
 
-def _published_listener(
-    store: c10d.Store, key: str, host: str | None, hints: Mapping[str, str]
-) -> tuple[socket.socket, str]:
-    """A listener on ``host`` (loopback when every member is on this host), else on the
-    address peers reach this host by, published under ``key`` as ``token port host``."""
-    bind = host or gloo.reachable_address(store, hints.get("hostname"))
-    listener = tcp_lane.listen(bind)
-    advertised = socket.gethostname() if bind in ("0.0.0.0", "::") else bind
-    token = secrets.token_hex(8)
-    store.set(key, f"{token} {listener.getsockname()[1]} {advertised}")
-    return listener, token
+class _Listener:
+    """A listening socket of this rank on ``host`` (loopback when every member is on this
+    host), else on the address peers reach this host by; ``entry`` (``token port host``)
+    is what the members gather so that peers can dial it."""
+
+    def __init__(self, store: c10d.Store, host: str | None, hints: Mapping[str, str]) -> None:
+        bind = host or gloo.reachable_address(store, hints.get("hostname"))
+        self.sock = tcp_lane.listen(bind)
+        advertised = socket.gethostname() if bind in ("0.0.0.0", "::") else bind
+        self.token = secrets.token_hex(8)
+        self.entry = f"{self.token} {self.sock.getsockname()[1]} {advertised}"
+
+
+def _dialable(entries: list[str]) -> Callable[[int], tuple[str, int, str]]:
+    """Rank -> ``(host, port, token)`` from the gathered ``token port host`` entries."""
+    parsed = []
+    for entry in entries:
+        token, port, host = entry.split(" ", 2)
+        parsed.append((host, int(port), token))
+    return parsed.__getitem__
 
 
 def listen_p2p(
-    store: c10d.Store,
-    rank: int,
-    host: str | None,
-    hints: Mapping[str, str],
-    local: Mapping[int, int],
+    listener: _Listener, rank: int, entries: list[str], local: Mapping[int, int]
 ) -> tcp_p2p.P2P:
-    """This rank's point-to-point engine (``transport.tcp_p2p``): its listener, bound as
-    the lane's, published as ``p2p/{rank}``; peers are dialled on first use."""
-    listener, token = _published_listener(store, f"p2p/{rank}", host, hints)
-
-    def address_of(r: int) -> tuple[str, int, str]:
-        # Published before the lane connect, which every member finished: no wait.
-        theirs, port, at = store.get(f"p2p/{r}").decode().split(" ", 2)
-        return at, int(port), theirs
-
+    """This rank's point-to-point engine (``transport.tcp_p2p``) on ``listener``; peers
+    (their gathered ``entries``) are dialled on first use."""
     spin_s = 0.0 if WaitPolicy(len(local) + 1).oversubscribed else tcp_p2p.SPIN_S
-    return tcp_p2p.P2P(rank, listener, token, address_of, spin_s)
+    return tcp_p2p.P2P(rank, listener.sock, listener.token, _dialable(entries), spin_s)
 
 
 def connect_lane(
+    listener: _Listener,
     store: c10d.Store,
     rank: int,
     size: int,
-    host: str | None,
-    hints: Mapping[str, str],
+    entries: list[str],
     deadline: Deadline,
     local: Mapping[int, int],
     prefix: str,
 ) -> tcp_lane.Lane:
-    """This rank's ``tcp_lane`` connections (collective over the members).
-
-    The listener binds ``host`` (loopback when every member is on this host), else the
-    address peers reach this host by (``transport.gloo.reachable_address``).
-    """
+    """This rank's ``tcp_lane`` connections (collective over the members), to the peers
+    whose listeners' ``entries`` were gathered; no store operation but rank 0's verdict."""
     what = "the tcp lane connect"
     verdict = "connected/all"  # where rank 0 says that connecting failed (``backends.cpu``)
-    listener, token = _published_listener(store, f"lane/{rank}", host, hints)
-
-    def address_of(r: int) -> tuple[str, int, str]:
-        cpu_connect.wait_keys(store, {f"lane/{r}": r}, deadline, local, prefix, what, verdict)
-        theirs, port, at = store.get(f"lane/{r}").decode().split(" ", 2)
-        return at, int(port), theirs
 
     def between(missing: list[int]) -> None:
         cpu_connect.check_dead(local, missing, prefix, what)
@@ -211,7 +222,14 @@ def connect_lane(
     spin_s = 0.0 if WaitPolicy(len(local) + 1).oversubscribed else tcp_lane.SPIN_S
     try:
         return tcp_lane.connect(
-            listener, token, rank, size, address_of, deadline.end, between, spin_s
+            listener.sock,
+            listener.token,
+            rank,
+            size,
+            _dialable(entries),
+            deadline.end,
+            between,
+            spin_s,
         )
     except OSError as exc:
         raise CommError(f"{prefix}{what} failed: {exc}") from exc

@@ -17,6 +17,7 @@ import torch._C._distributed_c10d as c10d
 
 from torchcomms import config
 from torchcomms.deadline import Deadline
+from torchcomms.transport.gloo_rendezvous import GatheredRendezvous
 from torchcomms.types import RedOpType, ReduceOp
 
 _C10D_OPS = {
@@ -86,6 +87,20 @@ def new_process_group(
     opts._timeout = timeout
     opts._devices = [device]
     return c10d.ProcessGroupGloo(store, rank, size, opts)
+
+
+def connect_process_group(
+    store: c10d.Store, rank: int, size: int, timeout: timedelta, device: Any, lazy: bool
+) -> tuple[Any, c10d.Store]:
+    """``new_process_group`` with an eager connect's rendezvous gathered
+    (``gloo_rendezvous``): O(1) store round trips per rank instead of 2N.
+
+    Returns the group and the store it was given: keep both alive together (gloo calls
+    back into the Python store).
+    """
+    if not lazy and size > 1:
+        store = GatheredRendezvous(store, rank, size, timeout)
+    return new_process_group(store, rank, size, timeout, device), store
 
 
 def arm(gloo_options: Any, deadline: Deadline) -> timedelta:
