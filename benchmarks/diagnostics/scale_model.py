@@ -1,19 +1,24 @@
 """Project ``new_comm``'s store load to 1k, 10k and 100k ranks from measured constants.
 
     python benchmarks/diagnostics/scale_model.py \
-        [--counts benchmarks/results/issue17/scale_counts_after.json] \
-        [--lazy-counts benchmarks/results/issue17/scale_counts_after_lazy.json] \
+        [--counts benchmarks/results/issue17/scale_counts_o1.json] \
+        [--lazy-counts benchmarks/results/issue17/scale_counts_o1_lazy.json] \
         [--clients 8] [--ops 4000] [--json out.json]
 
 1. Measures one TCPStore here: the round-trip time of one client's ``set``/``get``/
    ``check``, and the throughput of ``--clients`` forked clients hammering it at once.
 2. Takes the per-rank store operations of ``new_comm`` from the scale counts
-   (``scale_counts.py``): a member other than rank 0 (a + b*log2(N): constant on shm,
-   the lane's neighbours on tcp with lazy gloo; a + b*N with eager gloo's full mesh) and
-   rank 0 (a + c*N: it gathers the identities), fitted over N = 2 ... 64.
-3. Projects, per N: total operations; the store's busy time (total / throughput); rank
-   0's gather, which is serial (its operations x round trip); and the liveness
-   watcher's load while ops run (one ``set`` per rank per period, 50 ms by default).
+   (``scale_counts.py``): a member other than rank 0 as a + b*log2(N) and rank 0 as
+   a + c*N, fitted over N = 2 ... 64 (both constant since every gather is one
+   ``multi_get``: b and c come out 0), and the bytes all ranks move as a + b*N + c*N²
+   (eager gloo's keys hold an address per pair: quadratic in total).
+3. Projects, per N: total round trips; the store's busy time (round trips over the
+   throughput, plus the bytes over the bandwidth measured with large values); rank 0's
+   part, which is serial (its round trips x round trip time, plus the gathered bytes over
+   the bandwidth); and the liveness watcher's load while ops run: one ``set`` per
+   member per publish period, the comm's total capped at ``PUBLISH_BUDGET_PER_S``
+   (``backends.cpu_liveness``), so at scale the period stretches and the timeout path's
+   "who never entered" waits two of them.
 
 The model is only as good as its inputs: a 2-core VM's throughput is a floor, and a real
 deployment's network round trip replaces the loopback one.
@@ -36,6 +41,8 @@ from _store_server import served_store
 
 PROJECT = (1_000, 10_000, 100_000)
 LIVENESS_PERIOD_S = 0.05
+#: ``backends.cpu_liveness.PUBLISH_BUDGET_PER_S``: a comm's liveness publishes per second.
+LIVENESS_BUDGET_PER_S = 5000.0
 
 
 def _client(port: int, index: int, ops: int, start: Any, q: Any) -> None:
@@ -72,7 +79,17 @@ def measure_store(clients: int, ops: int) -> dict[str, float]:
         wall = time.monotonic() - t0
         for p in procs:
             p.join(10)
-        return {"rtt_s": rtt, "throughput_ops_s": clients * (ops // 2) * 2 / wall}
+        big = b"x" * (1 << 20)
+        t0 = time.monotonic()
+        for i in range(20):
+            one.set(f"big{i % 2}", big)
+            one.get(f"big{i % 2}")
+        bandwidth = 40 * len(big) / (time.monotonic() - t0)
+        return {
+            "rtt_s": rtt,
+            "throughput_ops_s": clients * (ops // 2) * 2 / wall,
+            "bandwidth_bytes_s": bandwidth,
+        }
 
 
 def _fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -96,45 +113,63 @@ def fit(path: str, transport: str, form: str) -> dict[str, Any]:
     sizes = sorted(
         int(k.split("/")[1]) for k in rows if k.startswith(f"{transport}/") and "new_comm" in k
     )
+    if transport == "hier":  # one rank per simulated host (N = 2) is flat tcp
+        sizes = [n for n in sizes if n >= 4]
     others = [rows[f"{transport}/{n}/new_comm"]["ops_others_max"] for n in sizes]
     rank0 = [rows[f"{transport}/{n}/new_comm"]["ops_rank0"] for n in sizes]
+    per_rank_bytes = [rows[f"{transport}/{n}/new_comm"]["bytes_total"] / n for n in sizes]
     a_o, b_o = _fit_line([_x(n, form) for n in sizes], [float(v) for v in others])
     a_0, c_0 = _fit_line([float(n) for n in sizes], [float(v) for v in rank0])
+    a_b, b_b = _fit_line([float(n) for n in sizes], per_rank_bytes)
     return {
         "sizes": sizes,
         "others_measured": others,
         "rank0_measured": rank0,
+        "bytes_per_rank_measured": [round(b) for b in per_rank_bytes],
         "others_fit": f"{a_o:.1f} + {b_o:.2f} * {'log2(N)' if form == 'log' else 'N'}",
         "rank0_fit": f"{a_0:.1f} + {c_0:.2f} * N",
+        "bytes_per_rank_fit": f"{a_b:.0f} + {b_b:.1f} * N",
         "_others": (a_o, b_o, form),
         "_rank0": (a_0, c_0),
+        "_bytes": (a_b, b_b),
     }
 
 
 def project(model: dict[str, Any], store: dict[str, float]) -> dict[str, Any]:
     a_o, b_o, form = model["_others"]
     a_0, c_0 = model["_rank0"]
+    a_b, b_b = model["_bytes"]
     out = {}
     for n in PROJECT:
         others = a_o + b_o * _x(n, form)
         rank0 = a_0 + c_0 * n
         total = (n - 1) * others + rank0
+        per_rank_bytes = a_b + b_b * n
+        bandwidth = store["bandwidth_bytes_s"]
+        liveness = min(n / LIVENESS_PERIOD_S, LIVENESS_BUDGET_PER_S)
+        publish_period_s = max(LIVENESS_PERIOD_S, n / LIVENESS_BUDGET_PER_S)
         out[str(n)] = {
             "ops_per_member": round(others, 1),
             "ops_rank0": round(rank0),
             "ops_total": round(total),
-            "store_busy_s": round(total / store["throughput_ops_s"], 2),
-            "rank0_serial_s": round(rank0 * store["rtt_s"], 2),
-            "liveness_ops_s_while_ops_run": round(n / LIVENESS_PERIOD_S),
-            "liveness_share_of_store": round(n / LIVENESS_PERIOD_S / store["throughput_ops_s"], 2),
+            "bytes_total": round(per_rank_bytes * n),
+            "store_busy_s": round(
+                total / store["throughput_ops_s"] + per_rank_bytes * n / bandwidth, 2
+            ),
+            "rank0_serial_s": round(rank0 * store["rtt_s"] + per_rank_bytes / bandwidth, 2),
+            "liveness_ops_s_while_ops_run": round(liveness),
+            "liveness_share_of_store": round(liveness / store["throughput_ops_s"], 2),
+            "liveness_publish_period_s": round(publish_period_s, 3),
         }
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--counts", default="../results/issue17/scale_counts_after.json")
-    ap.add_argument("--lazy-counts", default="../results/issue17/scale_counts_after_lazy.json")
+    ap.add_argument("--counts", default="benchmarks/results/issue17/scale_counts_o1.json")
+    ap.add_argument(
+        "--lazy-counts", default="benchmarks/results/issue17/scale_counts_o1_lazy.json"
+    )
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--ops", type=int, default=4000)
     ap.add_argument("--json")
@@ -142,26 +177,34 @@ def main() -> None:
     store = measure_store(args.clients, args.ops)
     print(
         f"TCPStore here: round trip {store['rtt_s'] * 1e6:.0f} us, "
-        f"{store['throughput_ops_s']:.0f} ops/s with {args.clients} clients",
+        f"{store['throughput_ops_s']:.0f} ops/s with {args.clients} clients, "
+        f"{store['bandwidth_bytes_s'] / 1e6:.0f} MB/s with 1 MiB values",
         flush=True,
     )
     results: dict[str, Any] = {"store": store}
-    for label, path, transport, form in (
-        ("shm", args.counts, "auto", "log"),
-        ("tcp-eager", args.counts, "tcp", "linear"),  # gloo's full mesh: every peer's address
-        ("tcp-lazy", args.lazy_counts, "tcp", "log"),  # the lane's Bruck neighbours
+    for label, path, transport in (
+        ("shm", args.counts, "auto"),
+        ("tcp-eager", args.counts, "tcp"),
+        ("tcp-lazy", args.lazy_counts, "tcp"),
+        ("hierarchical", args.counts, "hier"),
     ):
+        form = "log"
         model = fit(path, transport, form)
         proj = project(model, store)
         results[label] = {k: v for k, v in model.items() if not k.startswith("_")}
         results[label]["projection"] = proj
-        print(f"{label}: member {model['others_fit']}, rank 0 {model['rank0_fit']}")
+        print(
+            f"{label}: member {model['others_fit']}, rank 0 {model['rank0_fit']}, "
+            f"bytes per rank {model['bytes_per_rank_fit']}"
+        )
         for n, row in proj.items():
             print(
-                f"  N={int(n):>7,}: total {row['ops_total']:>11,} ops, store busy "
-                f"{row['store_busy_s']:8.2f} s, rank 0 serial {row['rank0_serial_s']:7.2f} s, "
-                f"liveness {row['liveness_ops_s_while_ops_run']:>9,} sets/s "
-                f"({row['liveness_share_of_store']:.2f}x the store)"
+                f"  N={int(n):>7,}: total {row['ops_total']:>9,} round trips, "
+                f"{row['bytes_total'] / 1e6:>10,.1f} MB, store busy {row['store_busy_s']:9.2f} s, "
+                f"rank 0 serial {row['rank0_serial_s']:8.2f} s, liveness "
+                f"{row['liveness_ops_s_while_ops_run']:>5,} sets/s "
+                f"({row['liveness_share_of_store']:.2f}x the store, every "
+                f"{row['liveness_publish_period_s']} s)"
             )
     if args.json:
         write_doc(
