@@ -228,6 +228,39 @@ def test_two_hosts_two_ranks_all_reduce_matches_tcp_bit_for_bit() -> None:
         assert "leader-based up to 256 B, sharded above" in t["blocked-tiny"], t
 
 
+def _lazy_and_eager(ctx: RankContext) -> dict[str, Any]:
+    """Both gloo connect modes: a leader-based and a sharded all_reduce, and a broadcast.
+
+    With lazy gloo the cross group used to share the flat group's device, and torch
+    2.13's lazy gloo never completed a second group's first op on one device: the leaders
+    waited out the timeout.  A timeout here raises, so the test fails rather than hangs."""
+    rank, size = ctx.rank, ctx.world_size
+    out: dict[str, Any] = {}
+    for lazy in ("true", "false"):
+        comm = make_comm(
+            ctx.store, f"lazy-{lazy}", BLOCKED[rank], {"lazy": lazy}, timedelta(seconds=20)
+        )
+        got = [transport_of(comm)]
+        for numel in (8, 1 << 19):  # leader-based, then sharded (over 1 MiB of float32)
+            t = torch.full((numel,), float(rank + 1))
+            comm.all_reduce(t, ReduceOp.SUM, False)
+            got.append(bool(torch.all(t == size * (size + 1) / 2)))
+        b = torch.full((1000,), float(rank))
+        comm.broadcast(b, 3, False)
+        got.append(bool(torch.all(b == 3.0)))
+        comm.finalize()
+        out[lazy] = got
+    return out
+
+
+def test_lazy_and_eager_gloo_hierarchical_ops_complete() -> None:
+    for rank, res in enumerate(run_ranks(_lazy_and_eager, 4, timeout=TIMEOUT)):
+        for lazy in ("true", "false"):
+            transport, *checks = res[lazy]
+            assert transport.startswith("hierarchical: shm inside 2 hosts"), (rank, res)
+            assert checks == [True, True, True], (rank, lazy, res)
+
+
 # ------------------------------------------------------ other ops on the hierarchical comm
 def _pattern(rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
     return ((torch.arange(numel, dtype=torch.int64) * 7 + rank * 11) % 61).to(dtype)

@@ -1,6 +1,7 @@
 """How long survivors take to learn of a fault: p50 / p99 per transport and fault.
 
-    python benchmarks/diagnostics/detection_times.py [--trials 20] [--world 3] [--json out.json]
+    python benchmarks/diagnostics/detection_times.py [--trials 20] [--world 3] \
+        [--placements shm,tcp,...] [--faults kill,stop,mismatch] [--json out.json]
 
 Faults, each on a fresh communicator of ``--world`` ranks whose last rank is the victim:
 
@@ -135,11 +136,12 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--world", type=int, default=3)
     ap.add_argument("--placements", default=",".join(PLACEMENTS))
+    ap.add_argument("--faults", default=",".join(FAULTS))
     ap.add_argument("--json")
     args = ap.parse_args()
     rows: dict[str, Any] = {}
     for placement in args.placements.split(","):
-        for fault in FAULTS:
+        for fault in args.faults.split(","):
             times: list[float] = []
             wrong: list[str] = []
             for _ in range(args.trials):
@@ -166,7 +168,8 @@ def main() -> None:
         write_doc(
             args.json,
             "python benchmarks/diagnostics/detection_times.py "
-            f"--trials {args.trials} --world {args.world} --placements {args.placements}",
+            f"--trials {args.trials} --world {args.world} --placements {args.placements} "
+            f"--faults {args.faults}",
             rows,
             what="kill: error time - kill time; stop: error time - op deadline; mismatch: error time - op entry",
         )

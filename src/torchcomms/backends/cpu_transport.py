@@ -155,6 +155,11 @@ def open_transport(
         pg_store,
     )
     if mode != "tcp" and cpu_hier.wanted(peers) and not cpu_shm.unsupported_reason():
+        # With torch 2.13's lazy gloo, a second process group on the same device never
+        # completes its first op (both sides wait out the timeout): the cross group gets a
+        # device of its own then.  Eager groups share one.
+        if lazy:
+            device = gloo.choose_device(options.hints, hosts, hosts[rank], lazy)[1]
         try:
             return cpu_hier.connect(
                 store, flat, peers, options.hints, options.timeout, device, lazy, f"comm={name}"
