@@ -4,9 +4,9 @@ O(1) store round trips per rank on every transport: whatever the world size, eac
 does the same number of store operations, rank 0 included (it gathers what the members
 publish with one ``multi_get`` and republishes it as one value), so the total is O(N).
 Transports: shm (one host), tcp with gloo's eager connect (its full-mesh rendezvous goes
-through one gathered value, ``transport.gloo_rendezvous``), tcp with lazy gloo, and the
-hierarchical transport (two simulated hosts).  ``check`` calls (how waits poll) depend on
-timing and are left out.  Counts, never times.
+through one gathered value, ``transport.gloo_rendezvous``), tcp with lazy gloo (the
+default), and the hierarchical transport (two simulated hosts) with either.  ``check``
+calls (how waits poll) depend on timing and are left out.  Counts, never times.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ CASES: dict[str, tuple[dict[str, str], tuple[int, ...], bool]] = {
     "tcp_eager": ({"transport": "tcp", "lazy": "false"}, (2, 3, 4), False),
     "tcp_lazy": ({"transport": "tcp", "lazy": "true"}, (2, 3, 4), False),
     # 2 + 2 and 3 + 3 ranks: hierarchical (shm inside each half, gloo between).
-    "hierarchical": ({"transport": "auto"}, (4, 6), True),
+    "hierarchical_lazy": ({"transport": "auto", "lazy": "true"}, (4, 6), True),
+    "hierarchical_eager": ({"transport": "auto", "lazy": "false"}, (4, 6), True),
 }
 
 
@@ -66,7 +67,7 @@ def test_new_comm_store_ops_per_rank_do_not_grow_with_the_world(case: str) -> No
     env = {"TORCHCOMM_STORE_COUNTS": "1", "TORCHCOMM_GLOO_HOSTNAME": "127.0.0.1"}
     got = {n: run_ranks(_new_comm_ops, n, hints, two_hosts, timeout=90, env=env) for n in sizes}
     for n, results in got.items():
-        expected = "hierarchical" if case == "hierarchical" else case.split("_")[0]
+        expected = case.split("_")[0]
         assert all(r["transport"].startswith(expected) for r in results), (n, results)
     ops = {n: [r["ops"] for r in results] for n, results in got.items()}
     rank0 = {n: counts[0] for n, counts in ops.items()}

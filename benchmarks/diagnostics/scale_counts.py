@@ -1,7 +1,7 @@
 """What creating, splitting and reconfiguring a communicator costs per rank, counted.
 
     python benchmarks/diagnostics/scale_counts.py [--sizes 2,4,8,16,32,64] \
-        [--transports auto,tcp,hier] [--lazy] [--json out.json]
+        [--transports auto,tcp,hier] [--lazy | --eager] [--json out.json]
 
 For each world size N and transport, N ranks are forked from this process (oversubscribed
 past 2 cores: counts, not times, are the measure) and the store is served by a process
@@ -196,11 +196,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="2,4,8,16,32,64")
     ap.add_argument("--transports", default="auto,tcp")
-    ap.add_argument("--lazy", action="store_true", help="TORCHCOMM_GLOO_LAZY_INIT=1")
+    ap.add_argument("--lazy", action="store_true", help="TORCHCOMM_GLOO_LAZY_INIT=1 (the default)")
+    ap.add_argument("--eager", action="store_true", help="TORCHCOMM_GLOO_LAZY_INIT=0")
     ap.add_argument("--json")
     args = ap.parse_args()
-    if args.lazy:
-        os.environ["TORCHCOMM_GLOO_LAZY_INIT"] = "1"
+    if args.lazy or args.eager:
+        os.environ["TORCHCOMM_GLOO_LAZY_INIT"] = "0" if args.eager else "1"
     results: dict[str, Any] = {}
     for transport in args.transports.split(","):
         for world in (int(x) for x in args.sizes.split(",")):
@@ -221,7 +222,9 @@ def main() -> None:
         write_doc(
             args.json,
             f"python benchmarks/diagnostics/scale_counts.py --sizes {args.sizes} "
-            f"--transports {args.transports}" + (" --lazy" if args.lazy else ""),
+            f"--transports {args.transports}"
+            + (" --lazy" if args.lazy else "")
+            + (" --eager" if args.eager else ""),
             results,
             what="per phase: store operations (ops: all but check; polls: check) per rank and "
             "in total, sockets/threads/shm per rank after the phase, slowest rank's seconds",

@@ -95,15 +95,14 @@ def master_addr_port() -> tuple[str | None, int | None]:
 
 def gloo_lazy_init(hint: str | None) -> bool:
     """Whether gloo connects a pair at its first op (hint ``lazy``, else
-    ``TORCHCOMM_GLOO_LAZY_INIT``) or all pairs at connect.
+    ``TORCHCOMM_GLOO_LAZY_INIT``; default on, as upstream's) or every pair at connect.
 
-    Eager by default, unlike upstream's proposal: with torch 2.13's lazy gloo, the first
-    cross-host all_reduce of a hierarchical comm never completed here (both leaders waited
-    the full timeout; ``tests/test_shm_hier.py``).
+    Lazy saves a full mesh of sockets and store traffic per rank (``docs/scale.md``);
+    ``lazy=false`` / ``TORCHCOMM_GLOO_LAZY_INIT=0`` connects eagerly.
     """
     if hint is not None:
         return parse_bool("hint lazy", hint)
-    return env_bool("TORCHCOMM_GLOO_LAZY_INIT", False)
+    return env_bool("TORCHCOMM_GLOO_LAZY_INIT", True)
 
 
 def store_counts() -> bool:
