@@ -106,16 +106,20 @@ def open_transport(
         lane_listener.sock.close()
         raise
     p2p = listen_p2p(p2p_listener, rank, [a.split("|")[0] for a in addresses], local)
-    lane = connect_lane(
-        lane_listener,
-        store,
-        rank,
-        size,
-        [a.split("|")[1] for a in addresses],
-        deadline,
-        local,
-        prefix,
-    )
+    try:
+        lane = connect_lane(
+            lane_listener,
+            store,
+            rank,
+            size,
+            [a.split("|")[1] for a in addresses],
+            deadline,
+            local,
+            prefix,
+        )
+    except BaseException:
+        p2p.close()
+        raise
     try:
         pg, pg_store = cpu_connect.guarded(
             lambda: gloo.connect_process_group(
