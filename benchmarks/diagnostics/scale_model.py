@@ -3,6 +3,7 @@
     python benchmarks/diagnostics/scale_model.py \
         [--counts benchmarks/results/issue17/scale_counts_o1.json] \
         [--lazy-counts benchmarks/results/issue17/scale_counts_o1_lazy.json] \
+        [--hier-lazy-counts benchmarks/results/issue17/scale_counts_o1_hier_lazy.json] \
         [--clients 8] [--ops 4000] [--json out.json]
 
 1. Measures one TCPStore here: the round-trip time of one client's ``set``/``get``/
@@ -10,8 +11,9 @@
 2. Takes the per-rank store operations of ``new_comm`` from the scale counts
    (``scale_counts.py``): a member other than rank 0 as a + b*log2(N) and rank 0 as
    a + c*N, fitted over N = 2 ... 64 (both constant since every gather is one
-   ``multi_get``: b and c come out 0), and the bytes all ranks move as a + b*N + c*N²
-   (eager gloo's keys hold an address per pair: quadratic in total).
+   ``multi_get``: b and c come out 0), and the bytes per rank as a + b*N + c*N² (linear
+   where a member reads a list of all members; eager gloo's keys hold an address per
+   pair, so a rank reads O(N) bytes from each of N peers: quadratic per rank).
 3. Projects, per N: total round trips; the store's busy time (round trips over the
    throughput, plus the bytes over the bandwidth measured with large values); rank 0's
    part, which is serial (its round trips x round trip time, plus the gathered bytes over
@@ -101,6 +103,29 @@ def _fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return my - b * mx, b
 
 
+def _fit_quadratic(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """Least squares ``y = a + b x + c x²`` (the normal equations, by Cramer's rule)."""
+    s = [sum(x**k for x in xs) for k in range(5)]
+    t = [sum(y * x**k for x, y in zip(xs, ys, strict=True)) for k in range(3)]
+    m = [[s[0], s[1], s[2]], [s[1], s[2], s[3]], [s[2], s[3], s[4]]]
+
+    def det(a: list[list[float]]) -> float:
+        return (
+            a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1])
+            - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
+            + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0])
+        )
+
+    d = det(m)
+    coef = []
+    for col in range(3):
+        mc = [row[:] for row in m]
+        for i in range(3):
+            mc[i][col] = t[i]
+        coef.append(det(mc) / d)
+    return coef[0], coef[1], coef[2]
+
+
 def _x(n: float, form: str) -> float:
     return math.log2(n) if form == "log" else n
 
@@ -120,7 +145,9 @@ def fit(path: str, transport: str, form: str) -> dict[str, Any]:
     per_rank_bytes = [rows[f"{transport}/{n}/new_comm"]["bytes_total"] / n for n in sizes]
     a_o, b_o = _fit_line([_x(n, form) for n in sizes], [float(v) for v in others])
     a_0, c_0 = _fit_line([float(n) for n in sizes], [float(v) for v in rank0])
-    a_b, b_b = _fit_line([float(n) for n in sizes], per_rank_bytes)
+    a_b, b_b, c_b = _fit_quadratic([float(n) for n in sizes], per_rank_bytes)
+    if c_b < 0:  # no quadratic term in the data: a negative one would turn bytes negative
+        (a_b, b_b), c_b = _fit_line([float(n) for n in sizes], per_rank_bytes), 0.0
     return {
         "sizes": sizes,
         "others_measured": others,
@@ -128,23 +155,23 @@ def fit(path: str, transport: str, form: str) -> dict[str, Any]:
         "bytes_per_rank_measured": [round(b) for b in per_rank_bytes],
         "others_fit": f"{a_o:.1f} + {b_o:.2f} * {'log2(N)' if form == 'log' else 'N'}",
         "rank0_fit": f"{a_0:.1f} + {c_0:.2f} * N",
-        "bytes_per_rank_fit": f"{a_b:.0f} + {b_b:.1f} * N",
+        "bytes_per_rank_fit": f"{a_b:.0f} + {b_b:.1f} * N + {c_b:.2f} * N^2",
         "_others": (a_o, b_o, form),
         "_rank0": (a_0, c_0),
-        "_bytes": (a_b, b_b),
+        "_bytes": (a_b, b_b, c_b),
     }
 
 
 def project(model: dict[str, Any], store: dict[str, float]) -> dict[str, Any]:
     a_o, b_o, form = model["_others"]
     a_0, c_0 = model["_rank0"]
-    a_b, b_b = model["_bytes"]
+    a_b, b_b, c_b = model["_bytes"]
     out = {}
     for n in PROJECT:
         others = a_o + b_o * _x(n, form)
         rank0 = a_0 + c_0 * n
         total = (n - 1) * others + rank0
-        per_rank_bytes = a_b + b_b * n
+        per_rank_bytes = a_b + b_b * n + c_b * n * n
         bandwidth = store["bandwidth_bytes_s"]
         liveness = min(n / LIVENESS_PERIOD_S, LIVENESS_BUDGET_PER_S)
         publish_period_s = max(LIVENESS_PERIOD_S, n / LIVENESS_BUDGET_PER_S)
@@ -170,6 +197,10 @@ def main() -> None:
     ap.add_argument(
         "--lazy-counts", default="benchmarks/results/issue17/scale_counts_o1_lazy.json"
     )
+    ap.add_argument(
+        "--hier-lazy-counts",
+        default="benchmarks/results/issue17/scale_counts_o1_hier_lazy.json",
+    )
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--ops", type=int, default=4000)
     ap.add_argument("--json")
@@ -186,7 +217,8 @@ def main() -> None:
         ("shm", args.counts, "auto"),
         ("tcp-eager", args.counts, "tcp"),
         ("tcp-lazy", args.lazy_counts, "tcp"),
-        ("hierarchical", args.counts, "hier"),
+        ("hierarchical-eager", args.counts, "hier"),
+        ("hierarchical-lazy", args.hier_lazy_counts, "hier"),
     ):
         form = "log"
         model = fit(path, transport, form)

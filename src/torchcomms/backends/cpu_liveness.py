@@ -56,8 +56,8 @@ T = TypeVar("T")
 #: How often the watcher checks pids and publishes this rank's op sequence number.
 PERIOD_S = 0.05
 #: Liveness publishes per second that all members of a comm may send the store together
-#: (at most; ops must run for any to be sent): about 5 % of what one TCPStore served here
-#: (``benchmarks/diagnostics/scale_model.py``).  Up to 250 members this leaves the period
+#: (at most; ops must run for any to be sent): about an eighth of what one TCPStore
+#: served here with 8 clients (``benchmarks/diagnostics/scale_model.py``).  Up to 250 members this leaves the period
 #: at ``PERIOD_S``.
 PUBLISH_BUDGET_PER_S = 5000.0
 
