@@ -57,8 +57,8 @@ T = TypeVar("T")
 PERIOD_S = 0.05
 #: Liveness publishes per second that all members of a comm may send the store together
 #: (at most; ops must run for any to be sent): about an eighth of what one TCPStore
-#: served here with 8 clients (``benchmarks/diagnostics/scale_model.py``).  Up to 250 members this leaves the period
-#: at ``PERIOD_S``.
+#: served here with 8 clients (``benchmarks/diagnostics/scale_model.py``).  Up to 250
+#: members this leaves the period at ``PERIOD_S``.
 PUBLISH_BUDGET_PER_S = 5000.0
 
 
