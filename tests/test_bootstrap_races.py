@@ -13,12 +13,14 @@ Issue 12, item 6. Covers:
   so the next ``new_comm`` on the same port works;
 * rank 0 failing mid-connect (after the private store is up) while a member still has store
   waits ahead: the member raises ``CommError`` naming rank 0, not c10d's raw
-  "Failed to recv, got 0 bytes" from the store that left with rank 0.
+  "Failed to recv, got 0 bytes" from the store that left with rank 0; and, if rank 0's
+  process died there, ``PeerFailureError`` naming it.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -29,7 +31,7 @@ import pytest
 import torch
 
 from tests import harness
-from tests.harness import RankContext, run_ranks
+from tests.harness import RankContext, RankFailure, run_ranks
 from torchcomms import ReduceOp, TorchComm, new_comm
 from torchcomms.backends import cpu_transport
 from torchcomms.errors import CommError, CommTimeoutError
@@ -267,3 +269,40 @@ def test_rank0_failing_mid_connect_is_named_by_a_member_still_connecting() -> No
     assert "rank 0" in r1["message"], r1
     assert r1["ranks"] == (0,), r1
     assert r1["elapsed"] < 10.0, r1  # well inside the 60 s timeout
+
+
+def _rank0_dies_mid_connect(ctx: RankContext) -> None:
+    """Rank 0 SIGKILLs itself where it would open its transport, once rank 1 got there
+    too (so both know each other's pid), while rank 1, held back one second, still has
+    store waits ahead.  (Dying earlier, while rank 1 still reads the identities, rank 0
+    cannot be told dead from gone: that is the ``CommError`` case above.)"""
+    opened = cpu_transport.open_transport
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        if ctx.rank == 0:
+            ctx.store.wait(["dies/rank1_at_transport"])  # the harness's store, not the comm's
+            os.kill(os.getpid(), signal.SIGKILL)
+        ctx.store.set("dies/rank1_at_transport", "1")
+        time.sleep(1.0)
+        return opened(*args, **kwargs)
+
+    cpu_transport.open_transport = step  # type: ignore[assignment]
+    new_comm("gloo", CPU, name="dies", store=ctx.store, timeout=OK_TIMEOUT)
+    raise AssertionError("new_comm returned with rank 0 dead")
+
+
+def test_rank0_dying_mid_connect_is_named_dead_by_a_member_still_connecting() -> None:
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_rank0_dies_mid_connect, 2, timeout=60, fresh=True)
+    failure = info.value
+    assert set(failure.died) == {0} and "SIGKILL" in failure.died[0], str(failure)
+    assert not failure.timed_out, str(failure)
+    error = failure.errors.get(1, "")
+    # rank 0 served the comm's store: its death shows first as a closed store connection,
+    # which the member turns into the death of rank 0 (its pid is gone), not c10d's text.
+    assert "PeerFailureError: [TorchCommGloo comm=dies rank=1] new_comm: peer rank 0 died" in (
+        error
+    ), error
+    assert "DistNetworkError" not in error.splitlines()[-1], error
+    assert time.monotonic() - start < 30.0, str(failure)  # well inside the 60 s timeout
