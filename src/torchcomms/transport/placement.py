@@ -8,9 +8,9 @@ the ranks over the allowed cores keeps each on a core of its own when there are 
 and shares cores evenly when there are not.
 
 ``TORCHCOMM_CPU_AFFINITY`` (or the hint ``cpu_affinity``, read by ``config.cpu_affinity``):
-``off`` (the default: the scheduler decides) or ``spread``.  The first communicator of a process that asks for it
-places the process (every thread it has, and so every thread it starts later); later
-communicators keep that placement.  The cores are the ones the process may use when it is
+``off`` (the default: the scheduler decides) or ``spread``.  The first communicator of a
+process that asks for it places the process (every thread it has, and so every thread it
+starts later); later communicators keep that placement.  The cores are the ones the process may use when it is
 placed (``os.sched_getaffinity``), so a launcher's own pinning narrows them first.
 
 Runs on the thread that creates the communicator, at connect.

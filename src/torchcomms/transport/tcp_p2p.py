@@ -21,10 +21,11 @@ thread drives, goes out at once (what the socket takes; the rest is queued first
 so a small message is done when ``post_send`` returns.  Otherwise whoever waits drives:
 ``wait(ops)`` sends and receives for every posted op (not only its own: so two ranks that
 both send first never deadlock) until its ops are done, a spin first where allowed, then
-``poll`` in slices with ``between`` (abort, liveness, deadline) after each idle one.  While ops are posted that no thread waits
-for (an async receive posted before a collective), a helper thread drives in short
-slices, so a sender is never stuck behind a receiver busy elsewhere.  One driver at a
-time (``_drive``); ``post_*`` may run on any thread.
+``poll`` in slices with ``between`` (abort, liveness, deadline) after each idle one.
+While ops are posted that no thread waits for (an async receive posted before a
+collective), a helper thread drives in short slices, so a sender is never stuck behind a
+receiver busy elsewhere.  One driver at a time (``_drive``); ``post_*`` may run on any
+thread.
 """
 
 from __future__ import annotations
