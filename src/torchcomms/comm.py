@@ -148,7 +148,7 @@ class TorchComm(CommOps):
         child_backend = self._backend.split(members, name, child_options)
         # type(self): a child of a traceable communicator (torchcomms.functional) is one too.
         child = type(self)(self._backend_name, child_backend, self._device, child_options)
-        child._observers = self._observers
+        child._set_observers(self._observers)
         for observer in self._observers:
             on_split = getattr(observer, "comm_split", None)
             if on_split is not None:  # e.g. the flight recorder records the split
@@ -300,7 +300,7 @@ class TorchComm(CommOps):
         child_options.hints = {**self._options.hints, **(hints or {})}
         child_backend, members = self._backend.shrink(excluded, name, child_options)
         child = type(self)(self._backend_name, child_backend, self._device, child_options)
-        child._observers = self._observers
+        child._set_observers(self._observers)
         op_id = _next_op_id()
         for observer in self._observers:
             on_split = getattr(observer, "comm_split", None)

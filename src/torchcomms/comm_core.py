@@ -34,6 +34,8 @@ import os
 import re
 import sys
 import threading
+import time
+import weakref
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -44,7 +46,7 @@ from torchcomms import hook_args
 from torchcomms.backends.base import TorchCommBackend
 from torchcomms.backends.contract import CommBackend
 from torchcomms.errors import CommAbortedError, CommError, CommTimeoutError, PeerFailureError
-from torchcomms.oprecord import OpObserver, OpRecord
+from torchcomms.oprecord import LaneObserver, OpObserver, OpRecord
 from torchcomms.state import CommState, CommStatus
 from torchcomms.types import AbortInfo, AbortReason, CommOptions, OpName, OpOptions
 from torchcomms.validation import Checker
@@ -83,14 +85,24 @@ _OP_IN_MESSAGE = re.compile(r"\] (\w+)")
 class RemovableHandle:
     """Returned by ``register_*_hook``; ``remove()`` unregisters once, later calls do nothing."""
 
-    def __init__(self, registry_: dict[int, Any], key: int) -> None:
+    def __init__(
+        self,
+        registry_: dict[int, Any],
+        key: int,
+        on_remove: weakref.WeakMethod[Callable[[], None]] | None = None,
+    ) -> None:
         self._registry = registry_
         self._key = key
         self._lock = threading.Lock()
+        # Weak: a handle may outlive its communicator and must not keep it alive.
+        self._on_remove = on_remove
 
     def remove(self) -> None:
         with self._lock:
             self._registry.pop(self._key, None)
+        method = self._on_remove() if self._on_remove is not None else None
+        if method is not None:
+            method()
 
 
 class CommCore:
@@ -114,6 +126,9 @@ class CommCore:
         self._abort_hooks: dict[int, AbortHook] = {}
         self._checkers: dict[str, Checker] = {}
         self._observers: tuple[OpObserver, ...] = ()
+        # The observers again while the sync lane is open (``_update_lane``), else None.
+        self._lane: tuple[LaneObserver, ...] | None = None
+        self._lane_ref = weakref.WeakMethod(self._update_lane)
         self._abort_lock = threading.Lock()
         self._abort_info: AbortInfo | None = None  # the first reason wins
         self._abort_hooks_fired = False
@@ -159,7 +174,8 @@ class CommCore:
             raise TypeError(f"hook must be callable, got {type(callback).__name__}")
         key = next(self._hook_ids)
         table[key] = callback
-        return RemovableHandle(table, key)
+        self._update_lane()
+        return RemovableHandle(table, key, self._lane_ref)
 
     def _run_pre_hooks(self, name: OpName, op_id: int, args: Any) -> None:
         if self._pre_hooks:
@@ -348,10 +364,79 @@ class CommCore:
             self._run_post_hooks(op_id, post_args(work))
         return work
 
+    def _sync(
+        self,
+        name: OpName,
+        tensor: torch.Tensor | None,
+        peer: int,
+        call: BackendCall,
+        call_args: tuple[Any, ...],
+    ) -> TorchWork:
+        """The lane: ``_issue`` for a valid sync op with the comm's timeout and no hints.
+
+        The caller has checked that no user hook is registered and that every observer
+        records on the lane (``_lane``); each takes one ``SyncRecord`` instead of an
+        ``OpRecord`` and its entry.  What observers and backends see is the same as on
+        ``_issue``'s path (``tests/test_lane.py`` compares the two).
+        """
+        lane = self._lane
+        assert lane is not None
+        resolved = self._options.timeout
+        op_id = _next_op_id()
+        options = OpOptions(resolved, {}, name._name_, op_id)
+        if len(lane) == 1:  # the flight recorder, alone: no list per op
+            observer = lane[0]
+            record = observer.op_sync(self, name, op_id, tensor, peer, resolved)
+            try:
+                work = call(*call_args, options)
+            except BaseException as exc:
+                error = self._surfaced(name, exc)
+                record._finished(observer, self, error)
+                if error is exc:
+                    raise
+                raise error from exc
+            if type(work) is CompletedWork:
+                record.time_completed_ns = time.time_ns()
+            else:
+                record._track(work, observer, self)
+            return work
+        records = [o.op_sync(self, name, op_id, tensor, peer, resolved) for o in lane]
+        try:
+            work = call(*call_args, options)
+        except BaseException as exc:
+            error = self._surfaced(name, exc)
+            for o, r in zip(lane, records, strict=True):
+                r._finished(o, self, error)
+            if error is exc:
+                raise
+            raise error from exc
+        done = type(work) is CompletedWork
+        now = time.time_ns()
+        for o, r in zip(lane, records, strict=True):
+            if done:
+                r.time_completed_ns = now
+            else:
+                r._track(work, o, self)
+        return work
+
     def _add_observer(self, observer: OpObserver) -> None:
         """Attach an internal observer (see ``oprecord``); split children inherit it."""
         if observer not in self._observers:
-            self._observers = (*self._observers, observer)
+            self._set_observers((*self._observers, observer))
 
     def _remove_observer(self, observer: OpObserver) -> None:
-        self._observers = tuple(o for o in self._observers if o is not observer)
+        self._set_observers(tuple(o for o in self._observers if o is not observer))
+
+    def _set_observers(self, observers: tuple[OpObserver, ...]) -> None:
+        self._observers = observers
+        self._update_lane()
+
+    def _update_lane(self) -> None:
+        """Open the sync lane (``_sync``) while no user hook is registered and every
+        observer records on it; ops check only ``_lane``.  Any thread (hook changes)."""
+        observers = self._observers
+        lane_capable = all(callable(getattr(o, "op_sync", None)) for o in observers)
+        if lane_capable and observers and not self._pre_hooks and not self._post_hooks:
+            self._lane = observers  # type: ignore[assignment]  # LaneObservers, checked
+        else:
+            self._lane = None

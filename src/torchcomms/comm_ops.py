@@ -40,6 +40,8 @@ class CommOps(CommCore):
         c = self._checker("send")
         c.tensor(tensor)
         c.peer("dst", dst, "send to")
+        if async_op is False and hints is None and timeout is None and self._lane:
+            return self._sync(OpName.send, tensor, dst, self._backend.send, (tensor, dst, False))
         c.async_op(async_op)
         return self._issue(
             OpName.send,
@@ -61,6 +63,8 @@ class CommOps(CommCore):
         c = self._checker("recv")
         c.tensor(tensor)
         c.peer("src", src, "recv from")
+        if async_op is False and hints is None and timeout is None and self._lane:
+            return self._sync(OpName.recv, tensor, src, self._backend.recv, (tensor, src, False))
         c.async_op(async_op)
         return self._issue(
             OpName.recv,
@@ -88,6 +92,10 @@ class CommOps(CommCore):
         c = self._checker("broadcast")
         c.tensor(tensor)
         c.rank_arg("root", root)
+        if async_op is False and hints is None and timeout is None and self._lane:
+            return self._sync(
+                OpName.broadcast, tensor, -1, self._backend.broadcast, (tensor, root, False)
+            )
         c.async_op(async_op)
         return self._issue(
             OpName.broadcast,
@@ -109,6 +117,10 @@ class CommOps(CommCore):
         c = self._checker("all_reduce")
         c.tensor(tensor)
         c.reduce_op(op, tensor.dtype)
+        if async_op is False and hints is None and timeout is None and self._lane:
+            return self._sync(
+                OpName.all_reduce, tensor, -1, self._backend.all_reduce, (tensor, op, False)
+            )
         c.async_op(async_op)
         return self._issue(
             OpName.all_reduce,
@@ -132,6 +144,10 @@ class CommOps(CommCore):
         c.tensor(tensor)
         c.rank_arg("root", root)
         c.reduce_op(op, tensor.dtype)
+        if async_op is False and hints is None and timeout is None and self._lane:
+            return self._sync(
+                OpName.reduce, tensor, -1, self._backend.reduce, (tensor, root, op, False)
+            )
         c.async_op(async_op)
         return self._issue(
             OpName.reduce,
@@ -414,6 +430,8 @@ class CommOps(CommCore):
         timeout: timedelta | None = None,
     ) -> TorchWork:
         c = self._checker("barrier")
+        if async_op is False and hints is None and timeout is None and self._lane:
+            return self._sync(OpName.barrier, None, -1, self._backend.barrier, (False,))
         c.async_op(async_op)
         return self._issue(
             OpName.barrier,

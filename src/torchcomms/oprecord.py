@@ -151,3 +151,84 @@ class OpRecord(Generic[CommT]):
         # A recorder keeps finished records for a while: they must not keep a dropped
         # communicator (and its sockets and threads) alive.
         self.comm = None  # type: ignore[assignment]
+
+
+class LaneObserver(OpObserver, Protocol):
+    """An observer that can record a sync op on the lane (``CommCore._sync``) cheaply.
+
+    ``op_sync(comm, name, op_id, tensor, peer, timeout)`` runs on the issuing thread when
+    the op starts and returns the ``SyncRecord`` it keeps; the lane sets its completion
+    time and calls ``op_finished(record)`` only for a failure or an op that finished later.
+    """
+
+    def op_sync(
+        self,
+        comm: Any,
+        name: OpName,
+        op_id: int,
+        tensor: Any,
+        peer: int,
+        timeout: timedelta,
+    ) -> SyncRecord: ...
+
+
+class SyncRecord:
+    """The record of a sync op with no user hooks: the fast lane's ``OpRecord``.
+
+    Such an op starts on the caller's thread when it is created, and nearly always is
+    complete when the backend returns (the lane sets ``time_completed_ns``).  Observers read
+    the same fields as on an ``OpRecord``; ``comm`` is set only for the observers' calls
+    (``op_finished``), so a kept record never keeps its communicator alive.
+    """
+
+    __slots__ = (
+        "comm",
+        "error",
+        "name",
+        "op_id",
+        "time_completed_ns",
+        "time_created_ns",
+        "timeout",
+        "work",
+    )
+
+    async_op = False
+
+    def __init__(self, name: OpName, op_id: int, timeout: timedelta) -> None:
+        self.name = name
+        self.op_id = op_id
+        self.timeout = timeout
+        self.time_created_ns = time.time_ns()
+        self.time_completed_ns: int | None = None
+        self.error: BaseException | None = None
+        self.comm: Any = None
+        self.work: TorchWork | None = None
+
+    @property
+    def time_started_ns(self) -> int:
+        return self.time_created_ns
+
+    @property
+    def started_ns(self) -> int:
+        return self.time_created_ns
+
+    @property
+    def state(self) -> str:
+        return "started" if self.time_completed_ns is None else "completed"
+
+    def _finished(self, observer: OpObserver, comm: Any, error: BaseException | None) -> None:
+        """Completed or failed (any thread): tell ``observer``, which may dump on failure."""
+        self.error = error
+        self.time_completed_ns = time.time_ns()
+        self.work = None
+        self.comm = comm
+        try:
+            observer.op_finished(self)  # type: ignore[arg-type]  # the same fields
+        except Exception:
+            logger.exception("torchcomms: an op observer raised in op_finished")
+        self.comm = None
+
+    def _track(self, work: TorchWork, observer: OpObserver, comm: Any) -> None:
+        """The backend returned a work still running (a posted receive): finish with it."""
+        self.work = work
+        work._add_done_callback(lambda w: self._finished(observer, comm, w.exception()))

@@ -510,25 +510,9 @@ class TorchCommGloo(CpuDispatch, CommBackend):
         executor = self._executor
         if executor is None:
             raise CommStateError(self._prefix(opts) + "TorchCommGloo not initialized")
-        timeout, status = opts.timeout, self._status
         if not async_op:
-            if executor._unfinished:
-                executor.drain(timeout.total_seconds())
-            if status.state is not CommState.READY:
-                self.check_usable(self._prefix(opts))
-            grad = torch.is_grad_enabled()
-            if grad:
-                torch._C._set_grad_enabled(False)
-            try:
-                completion = body(*args, Deadline(timeout))
-                if completion is not None:
-                    completion()
-            except BaseException as exc:
-                raise self._translate(exc, opts, peers) from exc
-            finally:
-                if grad:
-                    torch._C._set_grad_enabled(True)
-            return CompletedWork()
+            return self._run_sync(opts, body, args, peers)
+        timeout, status = opts.timeout, self._status
 
         def guarded() -> Completion | None:
             if status.state is not CommState.READY:  # an earlier queued op may have failed

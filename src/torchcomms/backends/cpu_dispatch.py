@@ -16,13 +16,19 @@ import torch
 
 from torchcomms.backends.cpu_ops import Completion, CpuOps
 from torchcomms.deadline import Deadline
-from torchcomms.errors import CommValidationError
+from torchcomms.errors import CommStateError, CommValidationError
+from torchcomms.executor import OpExecutor
+from torchcomms.state import CommState, CommStatus
 from torchcomms.types import OpOptions, P2POp, P2POpType, ReduceOp
-from torchcomms.work import TorchWork
+from torchcomms.work import CompletedWork, TorchWork
 
 #: One op's work on a transport, called as ``body(*args, deadline)`` (a ``CpuOps`` method
 #: and the op's arguments: no closure per op); it may leave a completion.
 OpBody = Callable[..., "Completion | None"]
+
+_READY = CommState.READY
+_is_grad_enabled = torch.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
 
 
 def _tag_hint(hints: dict[str, str]) -> int | None:
@@ -54,24 +60,73 @@ class CpuDispatch(abc.ABC):
         peers: Sequence[int] = (),
     ) -> TorchWork: ...
 
+    @abc.abstractmethod
+    def _prefix(self, opts: OpOptions) -> str: ...
+
+    @abc.abstractmethod
+    def _translate(
+        self, exc: BaseException, opts: OpOptions, peers: Sequence[int]
+    ) -> BaseException: ...
+
+    # The connected transport's ops, the executor that keeps issue order (None until
+    # connected), the comm's state and its check (``CommBackend.check_usable``):
+    # TorchCommGloo's.  Annotations only: nothing here shadows them.
+    check_usable: Callable[[str], None]
+    _ops: CpuOps | None
+    _executor: OpExecutor | None
+    _status: CommStatus
+
+    def _run_sync(
+        self, opts: OpOptions, body: OpBody, args: tuple[Any, ...], peers: Sequence[int] = ()
+    ) -> TorchWork:
+        """``_run`` of a sync op: ``body(*args, deadline)`` inline, on the caller's thread,
+        after any async op still queued (issue order), outside autograd (as in c10d: no
+        graph, in-place writes to leaves allowed).  The hot ops call it directly."""
+        executor = self._executor
+        if executor is None:
+            raise CommStateError(self._prefix(opts) + "TorchCommGloo not initialized")
+        if executor._unfinished:
+            executor.drain(opts.timeout.total_seconds())
+        if self._status.state is not _READY:
+            self.check_usable(self._prefix(opts))
+        grad = _is_grad_enabled()
+        if grad:
+            _set_grad_enabled(False)
+        try:
+            completion = body(*args, Deadline(opts.timeout))
+            if completion is not None:
+                completion()
+        except BaseException as exc:
+            raise self._translate(exc, opts, peers) from exc
+        finally:
+            if grad:
+                _set_grad_enabled(True)
+        return CompletedWork()
+
     # -- collectives: one dispatch each --------------------------------------------------------
     def all_reduce(
         self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, options: OpOptions
     ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, ops.all_reduce, (tensor, op))
+        ops = self._ops or self._transport()
+        if async_op:
+            return self._run(options, True, ops.all_reduce, (tensor, op))
+        return self._run_sync(options, ops.all_reduce, (tensor, op))
 
     def reduce(
         self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool, options: OpOptions
     ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, ops.reduce, (tensor, root, op))
+        ops = self._ops or self._transport()
+        if async_op:
+            return self._run(options, True, ops.reduce, (tensor, root, op))
+        return self._run_sync(options, ops.reduce, (tensor, root, op))
 
     def broadcast(
         self, tensor: torch.Tensor, root: int, async_op: bool, options: OpOptions
     ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, ops.broadcast, (tensor, root))
+        ops = self._ops or self._transport()
+        if async_op:
+            return self._run(options, True, ops.broadcast, (tensor, root))
+        return self._run_sync(options, ops.broadcast, (tensor, root))
 
     def all_gather(
         self,
@@ -199,8 +254,10 @@ class CpuDispatch(abc.ABC):
         return self._run(options, async_op, ops.all_to_all, (output_tensor_list, input_tensor_list))
 
     def barrier(self, async_op: bool, options: OpOptions) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, ops.barrier)
+        ops = self._ops or self._transport()
+        if async_op:
+            return self._run(options, True, ops.barrier)
+        return self._run_sync(options, ops.barrier, ())
 
     # -- point-to-point ------------------------------------------------------------------------
     def _p2p(self, p2p_ops: list[P2POp], async_op: bool, options: OpOptions) -> TorchWork:

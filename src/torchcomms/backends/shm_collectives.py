@@ -6,10 +6,11 @@ per-rank splits, from a count every member publishes in the first round).  Per r
 member copies its contribution into its own slot, publishes, waits for the slots it
 reads, and copies or reduces straight from the peers' slots with torch kernels:
 
-* all_reduce: one-shot up to ``oneshot_max`` bytes (every rank reduces every slot);
+* all_reduce: one-shot up to ``oneshot_max`` bytes (every rank reduces every slot;
+  ``shm_oneshot``, with reduce and broadcast that fit one round: the latency path);
   above it, per slot-sized chunk, reduce-scatter (rank ``r`` reduces shard ``r`` from
   all slots into its next slot) then all-gather of the reduced shards;
-* reduce: the same two rounds, with only the root gathering;
+* reduce: the same, with only the root reducing or gathering;
 * broadcast / scatter: the root writes, the others read; gather the reverse;
 * all_gather, reduce_scatter and all_to_all move a column block of every rank's
   contribution per round, as one strided copy or reduction when sizes are even.
@@ -22,8 +23,8 @@ Every round goes through the channel's round API (``shm_channel``): a rank that 
 takes ``k = chan.begin(deadline)``, fills its slot, then ``chan.exchange`` (publish, wait
 for every rank, check the fingerprint) or ``publish`` alone, reads, and ``chan.finish(k)``;
 a rank that only reads takes ``chan.next_round()`` and ``wait_rank``/``wait_all``.  The
-one-shot all_reduce (the small-message latency path) uses ``begin``/``finish`` too but
-inlines publishing and the fast checks of the arrival wait and fingerprints.  Every wait
+one-round collectives (``shm_oneshot``) use ``begin``/``finish`` too but inline
+publishing and the fast checks of the arrival wait and fingerprints.  Every wait
 is bounded by the op's ``Deadline``.  The methods run on the thread that runs the op (the
 communicator's executor, or the caller's for a sync op), one op at a time.
 """
@@ -36,17 +37,11 @@ import torch
 
 from torchcomms import fingerprint as F
 from torchcomms.backends.reductions import BINARY, BINARY_BOOL, reduce_rows
+from torchcomms.backends.shm_oneshot import OneShot
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
 from torchcomms.transport.shm_channel import ShmChannel
 from torchcomms.types import RedOpType, ReduceOp
-
-# A one-shot all_reduce's fingerprint, own slot per parity, all-rank rows per parity, and
-# whether it pre-multiplies / reduces with a plain torch.sum (decided once per shape).
-_Pair = tuple[torch.Tensor, torch.Tensor]
-_Plan = tuple[Fingerprint, _Pair, _Pair, bool, bool]
-# A one-round broadcast's fingerprint and the root's slot per parity.
-_BcastPlan = tuple[Fingerprint, _Pair]
 
 
 def _store(dst: torch.Tensor, src: torch.Tensor, op: ReduceOp | None) -> None:
@@ -72,8 +67,7 @@ class ShmCollectives:
         self.oneshot_max = oneshot_max
         self.rank = chan.rank
         self.size = chan.size
-        self._oneshot_plans: dict[tuple[object, ...], _Plan | bool] = {}
-        self._bcast_plans: dict[tuple[torch.dtype, int, int], _BcastPlan] = {}
+        self.oneshot = OneShot(chan, oneshot_max, check)
 
     # -- reductions --------------------------------------------------------------------------
     def all_reduce(self, flat: torch.Tensor, op: ReduceOp, deadline: Deadline) -> None:
@@ -82,12 +76,13 @@ class ShmCollectives:
         chan.op_seq += 1
         n = flat.numel()
         dtype = flat.dtype
+        oneshot = self.oneshot
         key = (dtype, n, op._type._value_)  # an int: an Enum member hashes in Python
-        plan = self._oneshot_plans.get(key)
+        plan = oneshot.plans.get(key)
         if plan is None:
-            plan = self._oneshot_plan(dtype, n, op)
+            plan = oneshot.plan(dtype, n, op)
         if plan is not False:
-            self._oneshot_all_reduce(flat, op, plan, deadline)
+            oneshot.run(flat, op, plan, deadline)
             return
         fp = F.make(F.ALL_REDUCE, dtype, n, redop=op) if self.check else None
         cap = chan.slot_capacity(dtype)
@@ -96,99 +91,30 @@ class ShmCollectives:
             chunk = flat[start : start + cap]
             cn = chunk.numel()
             if cn * dtype.itemsize <= self.oneshot_max:  # slot-sized one-shot rounds
-                chunk_plan = self._oneshot_plans.get((dtype, cn, op._type._value_))
+                chunk_plan = oneshot.plans.get((dtype, cn, op._type._value_))
                 if chunk_plan is None:
-                    chunk_plan = self._oneshot_plan(dtype, cn, op)
-                self._oneshot_all_reduce(chunk, op, chunk_plan, deadline, fp)
+                    chunk_plan = oneshot.plan(dtype, cn, op)
+                oneshot.run(chunk, op, chunk_plan, deadline, fp)
                 continue
             first = fp if start == 0 else None
             if pair and self._pair_reduce_exchange(chunk, op, first, deadline):
                 continue
             self._reduce_scatter_gather(chunk, op, first, deadline, None)
 
-    def _oneshot_plan(self, dtype: torch.dtype, n: int, op: ReduceOp) -> _Plan | bool:
-        """Views and fingerprint of a one-shot all_reduce of this shape (False: too large)."""
-        chan = self.chan
-        plan: _Plan | bool = False
-        if n * dtype.itemsize <= self.oneshot_max and n <= chan.slot_capacity(dtype):
-            t = op.type
-            plan = (
-                F.make(F.ALL_REDUCE, dtype, n, redop=op),
-                (chan.slot(self.rank, 0, dtype, n), chan.slot(self.rank, 1, dtype, n)),
-                (chan.rows(0, dtype, n), chan.rows(1, dtype, n)),
-                t is RedOpType.PREMUL_SUM,
-                t is RedOpType.SUM and dtype is not torch.bool,
-            )
-        if len(self._oneshot_plans) > 256:
-            self._oneshot_plans.clear()
-        self._oneshot_plans[(dtype, n, op._type._value_)] = plan
-        return plan
-
-    def _oneshot_all_reduce(
-        self,
-        flat: torch.Tensor,
-        op: ReduceOp,
-        plan: _Plan | bool,
-        deadline: Deadline,
-        whole_fp: Fingerprint | None = None,
-    ) -> None:
-        """One round: the small-message latency path.
-
-        ``begin`` and ``finish`` as everywhere; publishing, the arrival wait and the
-        fingerprint check are inlined as fast checks that call into the channel only when
-        something is missing or wrong.  ``whole_fp``: the fingerprint of the whole op when
-        ``flat`` is one chunk of it.
-        """
-        assert plan is not False and plan is not True
-        fp, slots, rows, premul, plain_sum = plan
-        if whole_fp is not None:
-            fp = whole_fp
-        chan = self.chan
-        flags = chan.flags
-        k = chan.begin(deadline)
-        p = k & 1
-        if premul:
-            torch.mul(flat, op.factor_value(), out=slots[p])
-        else:
-            slots[p].copy_(flat)
-        check = self.check
-        if check:
-            want = fp[0] + chan.op_seq  # fingerprint.checked_word, inlined
-            if chan.meta_fp[p] is fp:
-                flags[chan.my_word[p]] = want
-            else:
-                chan.write_fingerprint(p, fp)
-        flags[chan.pub_index] = k
-        chan.ring()
-        for i in chan.all_pub:
-            if flags[i] < k:
-                chan.wait_all(k, deadline)
-                break
-        if check:
-            for i in chan.peer_word[p]:
-                if flags[i] != want:
-                    chan.check_fingerprints(k, fp, "all_reduce")
-                    break
-        if plain_sum:
-            torch.sum(rows[p], 0, dtype=flat.dtype, out=flat)
-        else:
-            reduce_rows(rows[p], flat, op)
-        chan.finish(k)
-
     def reduce(self, flat: torch.Tensor, root: int, op: ReduceOp, deadline: Deadline) -> None:
         """In place on the root's ``flat``; other ranks' tensors are left as they were."""
         chan = self.chan
         n = flat.numel()
         dtype = flat.dtype
-        fp = self._fp(F.REDUCE, dtype, n, root, op)
-        if n * dtype.itemsize <= self.oneshot_max and n <= chan.slot_capacity(dtype):
-            k = chan.begin(deadline)
-            _store(chan.slot(self.rank, k, dtype, n), flat, op)
-            chan.exchange(k, deadline, fp, "reduce")  # every rank checks every fingerprint
-            if self.rank == root:
-                reduce_rows(chan.rows(k, dtype, n), flat, op)
-            chan.finish(k)
+        oneshot = self.oneshot
+        plan = oneshot.plans.get((dtype, n, op._type._value_))
+        if plan is None:
+            plan = oneshot.plan(dtype, n, op)
+        if plan is not False:  # the one-shot round; every rank checks every fingerprint
+            chan.op_seq += 1
+            oneshot.run(flat, op, plan, deadline, oneshot.reduce_fp(dtype, n, root, op), root)
             return
+        fp = self._fp(F.REDUCE, dtype, n, root, op)
         cap = chan.slot_capacity(dtype)
         for start in range(0, n, cap):
             chunk = flat[start : start + cap]
@@ -327,19 +253,15 @@ class ShmCollectives:
         chan = self.chan
         n = flat.numel()
         dtype = flat.dtype
-        plan = self._bcast_plans.get((dtype, n, root))
+        oneshot = self.oneshot
+        plan = oneshot.bcast_plans.get((dtype, n, root))
+        cap = chan.slot_capacity(dtype)
+        if plan is None and n <= cap:
+            plan = oneshot.bcast_plan(dtype, n, root)
         if plan is not None:  # one round, views and fingerprint made once per shape
-            self._oneshot_broadcast(flat, root, plan, deadline)
+            oneshot.broadcast(flat, root, plan, deadline)
             return
         fp = self._fp(F.BROADCAST, dtype, n, root)
-        cap = chan.slot_capacity(dtype)
-        if n <= cap:
-            if len(self._bcast_plans) > 256:
-                self._bcast_plans.clear()
-            self._bcast_plans[(dtype, n, root)] = (
-                fp if fp is not None else F.make(F.BROADCAST, dtype, n, root),
-                (chan.slot(root, 0, dtype, n), chan.slot(root, 1, dtype, n)),
-            )
         for start in range(0, n, cap):
             c = min(cap, n - start)
             if start == 0:  # every rank publishes and checks every fingerprint
@@ -358,22 +280,6 @@ class ShmCollectives:
                 chan.wait_rank(k, root, deadline)
                 flat[start : start + c].copy_(chan.slot(root, k, dtype, c))
             chan.finish(k)
-
-    def _oneshot_broadcast(
-        self, flat: torch.Tensor, root: int, plan: _BcastPlan, deadline: Deadline
-    ) -> None:
-        """A broadcast that fits one slot: the root writes, every rank checks, others read."""
-        fp, slots = plan
-        chan = self.chan
-        chan.op_seq += 1
-        k = chan.begin(deadline)
-        slot = slots[k & 1]
-        if self.rank == root:
-            slot.copy_(flat)
-        chan.exchange(k, deadline, fp if self.check else None, "broadcast")
-        if self.rank != root:
-            flat.copy_(slot)
-        chan.finish(k)
 
     def scatter(
         self, out: torch.Tensor, inputs: Sequence[torch.Tensor], root: int, deadline: Deadline

@@ -67,7 +67,7 @@ from torchcomms.hooks._fr_dump import (
     process_global_rank,
     write_dump_file,
 )
-from torchcomms.oprecord import OpRecord
+from torchcomms.oprecord import OpRecord, SyncRecord
 from torchcomms.types import OpName
 
 logger = logging.getLogger("torchcomms.hooks.fr")
@@ -208,6 +208,45 @@ class _Ring:
                 _python_frames() if self.stack else _NO_FRAMES,
             )
         )
+
+    def op_sync(
+        self,
+        comm: TorchComm,
+        name: OpName,
+        op_id: int,
+        tensor: Any,
+        peer: int,
+        timeout: Any,
+    ) -> SyncRecord:
+        """``op_scheduled`` for a sync op on the fast lane (``oprecord.LaneObserver``)."""
+        st = self.last_seq if comm is self.last_comm else self._seq(comm)
+        assert st is not None
+        if peer >= 0:
+            st.p2p += 1
+        else:
+            st.coll += 1
+        record = SyncRecord(name, op_id, timeout)
+        if tensor is None:
+            shapes: Any = _EMPTY_SHAPES
+            dtype = None
+        else:
+            shapes = tensor.shape
+            dtype = tensor.dtype
+        self.buf.append(
+            (
+                record,
+                next(self.ids),
+                st.meta,
+                st.coll,
+                st.p2p,
+                shapes,
+                dtype,
+                peer,
+                _current_thread(),
+                _python_frames() if self.stack else _NO_FRAMES,
+            )
+        )
+        return record
 
     def op_finished(self, record: OpRecord) -> None:
         error = record.error
