@@ -2,13 +2,14 @@
 
     python benchmarks/diagnostics/latency_breakdown.py [--calls 20000] [--rounds 7] [--json OUT]
 
-For an 8-byte all_reduce it times the TorchComm API (flight recorder on, no user hooks),
-the gloo backend (``impl.all_reduce``), the transport's ops object (``ShmOps.all_reduce``)
-and the one-shot algorithm (``ShmCollectives.all_reduce``); the differences are each
-layer's own cost.  broadcast and barrier are timed through the API and the backend.
-Two more communicators split the TorchComm layer: one with no observer at all (no
-flight recorder: validation, op id, options, work) and one whose only observer does
-nothing (adds the op record's life cycle); the flight recorder's entry is the rest.
+For an 8-byte all_reduce it times the TorchComm API (flight recorder on, no user hooks:
+the sync lane), the gloo backend (``impl.all_reduce``), the transport's ops object
+(``ShmOps.all_reduce``) and the one-shot algorithm (``ShmCollectives.all_reduce``); the
+differences are each layer's own cost.  broadcast, reduce and barrier are timed through
+the API and the backend.  The general path (any op with hints, a timeout or a user hook)
+is timed with ``hints={}``, and split by two more communicators: one with no observer at
+all (validation, op id, options, work) and one whose only observer does nothing (adds
+the op record's life cycle); the flight recorder's entry is the rest.
 
 Each row is the best of ``--rounds`` rounds of ``--calls`` calls; the rows are
 interleaved round by round, so a noisy neighbour slows every row alike rather than one.
@@ -82,30 +83,35 @@ def main() -> None:
         "backend all_reduce": lambda: impl.all_reduce(t, op, False, opts),
         "shm ops all_reduce": lambda: shm.all_reduce(t, op, deadline),
         "algorithm all_reduce": lambda: shm.coll.all_reduce(t, op, deadline),
+        "api all_reduce, general path": lambda: comm.all_reduce(t, op, False, hints={}),
         "api broadcast": lambda: comm.broadcast(t, 0, False),
         "backend broadcast": lambda: impl.broadcast(t, 0, False, opts),
+        "api reduce": lambda: comm.reduce(t, 0, op, False),
+        "backend reduce": lambda: impl.reduce(t, 0, op, False, opts),
         "api barrier": lambda: comm.barrier(False),
         "backend barrier": lambda: impl.barrier(False, opts),
     }
     bare = torchcomms.new_comm("gloo", torch.device("cpu"), name="breakdown_bare")
-    bare._observers = ()  # type: ignore[attr-defined]  # internal: no flight recorder
+    bare._set_observers(())  # type: ignore[attr-defined]  # internal: no flight recorder
     null = torchcomms.new_comm("gloo", torch.device("cpu"), name="breakdown_null")
-    null._observers = (_NoOpObserver(),)  # type: ignore[attr-defined]
+    null._set_observers((_NoOpObserver(),))  # type: ignore[attr-defined]
     rows["api all_reduce, no observer"] = lambda: bare.all_reduce(t, op, False)
     rows["api all_reduce, no-op observer"] = lambda: null.all_reduce(t, op, False)
     us = time_rows(rows, args.calls, args.rounds)
     for c in (comm, bare, null):
         c.finalize()
+    backend = us["backend all_reduce"]
     layers = {
-        "TorchComm layer (all_reduce)": us["api all_reduce"] - us["backend all_reduce"],
-        "backend + shm adapter (all_reduce)": us["backend all_reduce"] - us["algorithm all_reduce"],
+        "TorchComm layer (all_reduce)": us["api all_reduce"] - backend,
+        "backend + shm adapter (all_reduce)": backend - us["algorithm all_reduce"],
         "TorchComm layer (broadcast)": us["api broadcast"] - us["backend broadcast"],
+        "TorchComm layer (reduce)": us["api reduce"] - us["backend reduce"],
         "TorchComm layer (barrier)": us["api barrier"] - us["backend barrier"],
-        "  of which validation, op id, options, work": us["api all_reduce, no observer"]
-        - us["backend all_reduce"],
+        "general path (hints given), flight recorder": us["api all_reduce, general path"] - backend,
+        "  of which validation, op id, options, work": us["api all_reduce, no observer"] - backend,
         "  of which the op record's life cycle": us["api all_reduce, no-op observer"]
         - us["api all_reduce, no observer"],
-        "  of which the flight recorder's entry": us["api all_reduce"]
+        "  of which the flight recorder's entry": us["api all_reduce, general path"]
         - us["api all_reduce, no-op observer"],
     }
     print("transport:", transport)

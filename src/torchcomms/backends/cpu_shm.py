@@ -189,6 +189,9 @@ class ShmOps(CpuOps):
             finish_average(flat, op, self.size)
 
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, deadline: Deadline) -> None:
+        if tensor.is_cpu and op._type is not _AVG and tensor.numel():  # the hot path
+            self.coll.reduce(tensor if tensor.dim() == 1 else tensor.view(-1), root, op, deadline)
+            return
         if tensor.numel() == 0:
             self.coll.empty(F.REDUCE, tensor.dtype, deadline, root, op)
             return
@@ -243,7 +246,7 @@ class ShmOps(CpuOps):
             self.coll.empty(F.BROADCAST, tensor.dtype, deadline, root)
             return
         if tensor.is_cpu:
-            self.coll.broadcast(tensor.view(-1), root, deadline)
+            self.coll.broadcast(tensor if tensor.dim() == 1 else tensor.view(-1), root, deadline)
             return
         with on_host(tensor) as host:
             self.coll.broadcast(host.view(-1), root, deadline)
