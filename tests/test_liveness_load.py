@@ -34,7 +34,7 @@ def _sets_while_busy(size: int) -> tuple[int, float]:
             time.sleep(0.001)
     finally:
         lv.close()
-    sets = store_counts.diff(store_counts.snapshot(), before).get("set", 0)
+    sets = store_counts.diff(store_counts.snapshot(), before).get("liveness", 0)
     return sets, publish_period_s(size, PERIOD_S)
 
 

@@ -4,8 +4,11 @@ With the setting on, ``bootstrap.create_comm_store`` wraps the store a communica
 given and the store it moves to in a ``CountingStore``, so every operation on them,
 ours and gloo's (its C++ calls reach a Python store too), adds to this process's
 ``COUNTS``: operations by kind and bytes each way.  ``check`` is how waits poll here,
-so it is counted apart from the operations that move keys.  Off (the default), nothing
-is wrapped and nothing is counted.
+so it is counted apart from the operations that move keys, and so is ``liveness``: the
+liveness watcher's periodic publish of its sequence number (``seq/{rank}``), a load per
+second (bounded in ``cpu_liveness``) that lands inside whatever window is measured only
+when a period happens to end in it.  Off (the default), nothing is wrapped and nothing
+is counted.
 
 Read it around the call to measure (``snapshot()`` before and after, ``diff``); the
 scale diagnostics (``benchmarks/diagnostics/scale_counts.py``) do, per rank.  Any thread
@@ -14,6 +17,7 @@ may count (gloo's threads do); a lock guards ``COUNTS``.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import Counter
 from datetime import timedelta
@@ -24,6 +28,8 @@ import torch._C._distributed_c10d as c10d
 #: Operations by kind (``set``, ``get``, ``check``, ...) plus ``bytes_out`` / ``bytes_in``.
 COUNTS: Counter[str] = Counter()
 _lock = threading.Lock()
+#: The liveness watcher's publish (``cpu_liveness``), under whatever prefixes.
+_LIVENESS_KEY = re.compile(r"(^|/)seq/\d+$")
 _alive: list[CountingStore] = []
 
 
@@ -61,7 +67,8 @@ class CountingStore(c10d.Store):
             _alive.append(self)
 
     def set(self, key: str, value: Any) -> None:
-        _count("set", len(key) + _size(value))
+        kind = "liveness" if _LIVENESS_KEY.search(key) else "set"
+        _count(kind, len(key) + _size(value))
         self.inner.set(key, value)
 
     def get(self, key: str) -> bytes:
