@@ -271,10 +271,16 @@ class CpuDispatch(abc.ABC):
         return self._run(options, async_op, body, peers=[op.peer for op in p2p_ops])
 
     def send(self, tensor: torch.Tensor, dst: int, async_op: bool, options: OpOptions) -> TorchWork:
-        return self._p2p([P2POp(P2POpType.SEND, tensor, dst)], async_op, options)
+        if async_op or options.hints or not tensor.numel():
+            return self._p2p([P2POp(P2POpType.SEND, tensor, dst)], async_op, options)
+        ops = self._ops or self._transport()  # one untagged sync message: the latency path
+        return self._run_sync(options, ops.transfer, (True, tensor, dst), (dst,))
 
     def recv(self, tensor: torch.Tensor, src: int, async_op: bool, options: OpOptions) -> TorchWork:
-        return self._p2p([P2POp(P2POpType.RECV, tensor, src)], async_op, options)
+        if async_op or options.hints or not tensor.numel():
+            return self._p2p([P2POp(P2POpType.RECV, tensor, src)], async_op, options)
+        ops = self._ops or self._transport()
+        return self._run_sync(options, ops.transfer, (False, tensor, src), (src,))
 
     def batch_op_issue(self, ops: list[P2POp], async_op: bool, options: OpOptions) -> TorchWork:
         return self._p2p(list(ops), async_op, options)

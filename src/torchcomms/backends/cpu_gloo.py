@@ -507,6 +507,29 @@ class GlooOps(CpuOps):
     def unattended(self) -> None:
         self.p2p.kick()
 
+    def transfer(self, sending: bool, tensor: torch.Tensor, peer: int, deadline: Deadline) -> None:
+        """``_post_direct`` for one untagged message, waited for here (no closures)."""
+        staged = tensor
+        if not (tensor.is_cpu and tensor.is_contiguous()):
+            staged = tensor.detach().to("cpu").contiguous()
+        seqs = self._send_seq if sending else self._recv_seq
+        tag = 2 * (seqs[peer] % _TAG_SPAN)
+        seqs[peer] += 1
+        engine = self.p2p
+        if sending:
+            move = engine.post_send(peer, tag, as_bytes(staged))
+        else:
+            move = engine.post_recv(peer, tag, as_bytes(staged))
+        if not move.done or move.error is not None:  # a send usually went out when posted
+            what = "send" if sending else "recv"
+            waiter = self.waiter
+            try:
+                engine.wait([move], lambda: waiter.check_p2p(deadline, what, [peer]))
+            except LanePeerGone as gone:
+                raise waiter.gone(gone, what) from None
+        if staged is not tensor and not sending:
+            tensor.copy_(staged.view(tensor.shape))
+
     def _tag(self, op: P2POp, user_tag: int | None) -> int:
         if user_tag is not None:
             return 2 * (user_tag % _TAG_SPAN) + 1

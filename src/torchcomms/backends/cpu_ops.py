@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from torchcomms.deadline import Deadline
-from torchcomms.types import P2POp, ReduceOp
+from torchcomms.types import P2POp, P2POpType, ReduceOp
 
 #: Waits for point-to-point transfers that were posted without blocking.
 Completion = Callable[[], None]
@@ -208,6 +208,13 @@ class CpuOps(abc.ABC):
     # -- synchronisation and point-to-point -----------------------------------------------
     @abc.abstractmethod
     def barrier(self, deadline: Deadline) -> None: ...
+
+    def transfer(self, sending: bool, tensor: torch.Tensor, peer: int, deadline: Deadline) -> None:
+        """One untagged sync send or receive of a non-empty tensor, waited for here (the
+        latency path of ``send``/``recv``).  It matches ``post``'s messages in issue
+        order.  Default: ``post`` and wait; transports may do it with less."""
+        kind = P2POpType.SEND if sending else P2POpType.RECV
+        self.post([P2POp(kind, tensor, peer)], None, deadline)()
 
     @abc.abstractmethod
     def post(self, ops: Sequence[P2POp], tag: int | None, deadline: Deadline) -> Completion:

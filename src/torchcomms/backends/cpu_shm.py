@@ -352,6 +352,12 @@ class ShmOps(CpuOps):
         self.coll.barrier(deadline)
 
     # -- point-to-point ----------------------------------------------------------------------
+    def transfer(self, sending: bool, tensor: torch.Tensor, peer: int, deadline: Deadline) -> None:
+        staged = tensor if tensor.is_cpu else tensor.detach().to("cpu")
+        self.p2p.wait([self.p2p.post(sending, peer, staged, None)], deadline)
+        if staged is not tensor and not sending:
+            tensor.copy_(staged)
+
     def post(self, ops: Sequence[P2POp], tag: int | None, deadline: Deadline) -> Completion:
         posted: list[tuple[Transfer, P2POp, torch.Tensor]] = []
         for op in ops:
