@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import gc
+import warnings
 import weakref
 from datetime import timedelta
 from typing import Any
@@ -198,6 +199,21 @@ def _one_round_values(ctx: RankContext) -> None:
         comm.all_reduce(t, ReduceOp.SUM, False)
         assert torch.equal(t, torch.full((16,), float(size * i + sum(range(size)))))
         del t
+    # Overflow to inf and NaN are silent, as with torch kernels (no numpy RuntimeWarning,
+    # which -W error would turn into an exception).
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for dtype in (torch.float32, torch.float64):
+            big = torch.full((3,), torch.finfo(dtype).max, dtype=dtype)
+            big[2] = float("nan")
+            comm.all_reduce(big, ReduceOp.SUM, False)
+            assert torch.isinf(big[:2]).all() and torch.isnan(big[2])
+            m = torch.tensor([float("nan"), 1.0], dtype=dtype)
+            comm.all_reduce(m, ReduceOp.MAX, False)
+            assert torch.isnan(m[0]) and m[1] == 1.0
+        wrap = torch.full((2,), 100, dtype=torch.int8)
+        comm.all_reduce(wrap, ReduceOp.SUM, False)  # wraps, as torch's int8 add does
+        assert torch.equal(wrap, torch.full((2,), 100, dtype=torch.int8) * size)
     # A leaf that requires grad is written outside autograd, as with torch kernels.
     leaf = torch.ones(4, requires_grad=True)
     comm.all_reduce(leaf, ReduceOp.SUM, False)
@@ -211,9 +227,11 @@ def test_one_round_collectives_with_numpy_are_exact(world: int) -> None:
 
 
 def test_numpy_is_used_only_where_it_is_exact() -> None:
-    assert host_arrays.ufunc_for(torch.float32, ReduceOp.SUM.type, 8) is not None
-    assert host_arrays.ufunc_for(torch.float32, ReduceOp.SUM.type, host_arrays.MAX_BYTES + 4) is None
-    for dtype in (torch.float16, torch.bfloat16, torch.bool, torch.complex64):
+    assert host_arrays.ufunc_for(torch.int32, ReduceOp.SUM.type, 8) is not None
+    assert host_arrays.ufunc_for(torch.int32, ReduceOp.SUM.type, host_arrays.MAX_BYTES + 4) is None
+    # Floats: numpy copies them but torch reduces them (numpy warns on overflow).
+    assert host_arrays.numpy_dtype(torch.float32) is not None
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.bool):
         assert host_arrays.ufunc_for(dtype, ReduceOp.SUM.type, 8) is None
     for red in ("PRODUCT", "AVG", "BAND", "BOR", "BXOR"):
         assert host_arrays.ufunc_for(torch.int32, getattr(ReduceOp, red).type, 8) is None

@@ -35,7 +35,8 @@ from torchcomms.types import RedOpType, ReduceOp
 
 _Pair = tuple[torch.Tensor, torch.Tensor]
 # numpy: own slot per parity, the ranks' rows per parity (a list of two 1-D arrays for two
-# ranks, one 2-D array otherwise), the ufunc, the caller-tensor views.
+# ranks, one 2-D array otherwise), the ufunc (None: numpy copies, torch reduces), the
+# caller-tensor views.
 _Tiny = tuple[tuple[Any, Any], tuple[Any, Any], Any, host_arrays.UserArrays]
 # The fingerprint, own slot per parity, all-rank rows per parity, whether it pre-multiplies
 # / reduces with a plain torch.sum, and the numpy form (None: torch kernels).
@@ -96,9 +97,12 @@ class OneShot:
         self, slots: _Pair, rows: _Pair, dtype: torch.dtype, n: int, op: RedOpType
     ) -> _Tiny | None:
         """The numpy form of a small one-shot round (``host_arrays``), or None."""
-        ufunc = host_arrays.ufunc_for(dtype, op, n * dtype.itemsize)
-        if ufunc is None:
+        nbytes = n * dtype.itemsize
+        if nbytes > host_arrays.MAX_BYTES or host_arrays.numpy_dtype(dtype) is None:
             return None
+        if op is RedOpType.PREMUL_SUM:
+            return None
+        ufunc = host_arrays.ufunc_for(dtype, op, nbytes)
         seg = host_arrays.segment_array
         np_slots = (seg(slots[0]), seg(slots[1]))
         if self.size == 2:
@@ -164,7 +168,7 @@ class OneShot:
             slots[p].copy_(flat)
         self._meet(k, p, fp, deadline, "all_reduce" if root < 0 else "reduce")
         if root < 0 or root == self.rank:
-            if tiny is not None:
+            if tiny is not None and tiny[2] is not None:
                 parts = tiny[1][p]
                 if type(parts) is list:
                     tiny[2](parts[0], parts[1], out=mine)
