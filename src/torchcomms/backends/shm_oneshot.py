@@ -39,8 +39,9 @@ _Pair = tuple[torch.Tensor, torch.Tensor]
 # caller-tensor views.
 _Tiny = tuple[tuple[Any, Any], tuple[Any, Any], Any, host_arrays.UserArrays]
 # The fingerprint, own slot per parity, all-rank rows per parity, whether it pre-multiplies
-# / reduces with a plain torch.sum, and the numpy form (None: torch kernels).
-Plan = tuple[Fingerprint, _Pair, _Pair, bool, bool, "_Tiny | None"]
+# / reduces with a plain torch.sum, the numpy form (None: torch kernels), and for a plain
+# sum of two ranks both slots per parity (one torch.add: 1.5 us against torch.sum's 2.2).
+Plan = tuple[Fingerprint, _Pair, _Pair, bool, bool, "_Tiny | None", "tuple[_Pair, _Pair] | None"]
 # A broadcast's fingerprint, the root's slot per parity, and the numpy form (the root's
 # slot per parity as arrays, the caller-tensor views) or None.
 BcastPlan = tuple[Fingerprint, _Pair, "tuple[tuple[Any, Any], host_arrays.UserArrays] | None"]
@@ -80,13 +81,21 @@ class OneShot:
             t = op.type
             slots = (chan.slot(self.rank, 0, dtype, n), chan.slot(self.rank, 1, dtype, n))
             rows = (chan.rows(0, dtype, n), chan.rows(1, dtype, n))
+            plain_sum = t is RedOpType.SUM and dtype is not torch.bool
+            pairs = None
+            if plain_sum and self.size == 2:
+                pairs = (
+                    (chan.slot(0, 0, dtype, n), chan.slot(1, 0, dtype, n)),
+                    (chan.slot(0, 1, dtype, n), chan.slot(1, 1, dtype, n)),
+                )
             plan = (
                 F.make(F.ALL_REDUCE, dtype, n, redop=op),
                 slots,
                 rows,
                 t is RedOpType.PREMUL_SUM,
-                t is RedOpType.SUM and dtype is not torch.bool,
+                plain_sum,
                 self._tiny_plan(slots, rows, dtype, n, t),
+                pairs,
             )
         if len(self.plans) > 256:
             self.plans.clear()
@@ -153,7 +162,7 @@ class OneShot:
         ``flat`` is one chunk of it, or the reduce's.
         """
         assert plan is not False and plan is not True
-        fp, slots, rows, premul, plain_sum, tiny = plan
+        fp, slots, rows, premul, plain_sum, tiny, pairs = plan
         if whole_fp is not None:
             fp = whole_fp
         chan = self.chan
@@ -175,6 +184,8 @@ class OneShot:
                 else:
                     tiny[2].reduce(parts, 0, out=mine)
                 host_arrays.mark_written((flat,))
+            elif pairs is not None:
+                torch.add(pairs[p][0], pairs[p][1], out=flat)
             elif plain_sum:
                 torch.sum(rows[p], 0, dtype=flat.dtype, out=flat)
             else:
