@@ -11,6 +11,12 @@ One path for every op (collectives, point-to-point, batches, split):
 
 ``split`` takes steps 1 and 2 and creates a communicator instead of calling an op.
 
+The sync lane (``_sync``) is steps 2 and 3 for the common case, the small-message latency
+path: a sync op with the comm's timeout and no hints, while no user hook is registered
+and every observer can record it in one call (``_lane``; the flight recorder can).  It
+skips the pre-hook arguments and the ``OpRecord``; what observers and dumps see is the
+same.
+
 Failures and abort: an error that surfaces from the backend while the comm is aborted
 comes out as ``CommAbortedError`` (the original as ``__cause__``).  The first failure a
 backend reports (``CommStatus.failure_listener``, on the failing thread) ends the process
@@ -374,8 +380,8 @@ class CommCore:
     ) -> TorchWork:
         """The lane: ``_issue`` for a valid sync op with the comm's timeout and no hints.
 
-        The caller has checked that no user hook is registered and that every observer
-        records on the lane (``_lane``); each takes one ``SyncRecord`` instead of an
+        The caller checked that the lane is open (``_lane``: no user hook, every observer
+        records on the lane); each observer takes one ``SyncRecord`` instead of an
         ``OpRecord`` and its entry.  What observers and backends see is the same as on
         ``_issue``'s path (``tests/test_lane.py`` compares the two).
         """

@@ -13,7 +13,10 @@ attach to a communicator with ``TorchComm._add_observer`` and implement
   the comm's executor thread for async ops, the waiting thread for ops that finish in
   ``wait()`` (posted receives).  It must be quick and must not raise.
 * optionally ``comm_split(parent, child, members, op_id)``: the parent's ``split`` created
-  ``child`` (which inherits the parent's observers) over parent ranks ``members``.
+  ``child`` (which inherits the parent's observers) over parent ranks ``members``;
+* optionally ``op_sync(...)`` (``LaneObserver``): record a sync op of the lane
+  (``CommCore._sync``) in one call, returning its ``SyncRecord``.  While every observer
+  of a comm has it, sync ops skip the ``OpRecord`` (see ``SyncRecord``).
 
 ``state`` follows PyTorch's flight-recorder vocabulary: ``scheduled`` (queued behind
 earlier ops), ``started`` (running), ``completed`` (finished, with or without error).
