@@ -4,7 +4,9 @@
     python benchmarks/diagnostics/pingpong.py --same-core   # both ranks pinned to CPU 0
 
 Prints the p50 and p90 round trip over 3000 exchanges, how often a wait fell asleep on
-its futex (after 1 ms of yielding) and rank 0's CPU time per round trip. Pinning both
+its futex (after 1 ms of yielding), rank 0's CPU time per round trip, and its
+``sched_yield`` calls per round trip with the time spent inside them (on a shared core,
+the time the peer ran). Pinning both
 ranks to one core shows what a cell of the bench costs when the scheduler keeps two ranks
 on one core.
 """
@@ -51,6 +53,16 @@ def child() -> None:
         doze(*args)
 
     chan._doze = counted
+    real_yield = os.sched_yield
+    yields = [0, 0.0]
+
+    def timed_yield() -> None:
+        t0 = time.perf_counter()
+        real_yield()
+        yields[0] += 1
+        yields[1] += time.perf_counter() - t0
+
+    os.sched_yield = timed_yield  # the waits look it up at each wait
     if "--same-core" in sys.argv:
         os.sched_setaffinity(0, {0})
     rank = comm.get_rank()
@@ -67,12 +79,14 @@ def child() -> None:
             comm.send(x, 0, False)
         rtts.append(time.perf_counter() - t0)
     cpu_us = (time.process_time() - cpu0) / len(rtts) * 1e6  # this rank's CPU per round trip
+    per_rt = len(rtts)
     rtts.sort()
     if rank == 0:
         p50, p90 = rtts[len(rtts) // 2] * 1e6, rtts[len(rtts) * 9 // 10] * 1e6
         print(
             f"round trip p50 {p50:.1f} us, p90 {p90:.1f} us; futex sleeps: {dozes[0]}; "
-            f"rank 0 CPU {cpu_us:.0f} us per round trip"
+            f"rank 0 CPU {cpu_us:.0f} us per round trip; {yields[0] / per_rt:.1f} yields "
+            f"per round trip, {yields[1] / per_rt * 1e6:.0f} us inside them"
         )
     comm.finalize()
 
