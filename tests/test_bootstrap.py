@@ -565,7 +565,10 @@ def test_killed_peer_gives_typed_error_not_hang() -> None:
 
 
 def _file_store_bootstrap(ctx: RankContext) -> list[float]:
-    """``TORCHCOMM_STORE_PATH`` bootstraps without MASTER_PORT; names may be reused after finalize."""
+    """``TORCHCOMM_STORE_PATH`` bootstraps without MASTER_PORT; names may be reused after
+    finalize.  Rank 0 creates the second comm while the others still hold the first one's
+    store: c10d removes the file once as many store objects as ranks were destroyed, which
+    must not erase what rank 0 wrote for the second comm (it could hang until the timeout)."""
     os.environ.pop("MASTER_PORT", None)  # prove the FileStore, not TCP, carried the bootstrap
     sums = []
     for _ in range(2):
@@ -574,6 +577,12 @@ def _file_store_bootstrap(ctx: RankContext) -> list[float]:
         comm.all_reduce(t, ReduceOp.SUM, False)
         sums.append(t[0].item())
         comm.finalize()
+        if ctx.rank != 0:
+            time.sleep(1.0)
+        del comm
+        gc.collect()
+        # The file outlives the comm (c10d had removed it here, under the others' feet).
+        assert os.path.exists(os.environ["TORCHCOMM_STORE_PATH"])
     return sums
 
 

@@ -36,6 +36,7 @@ keep a server, and its port, alive.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import logging
 import socket
@@ -466,6 +467,29 @@ def _generation_dup(
     return comm_store
 
 
+#: ``TORCHCOMM_STORE_PATH``'s store, one per (path, size) for the process's life.  c10d
+#: removes the file once ``size`` of its store objects were destroyed, anywhere: with one
+#: per comm, a rank that finalized a comm and created the next lost its keys (and its
+#: creation count) when a slower rank dropped the first comm's store, and hung.
+_file_stores: dict[tuple[str, int], c10d.FileStore] = {}
+_file_stores_lock = threading.Lock()
+
+
+def _file_store(path: str, size: int) -> c10d.FileStore:
+    with _file_stores_lock:
+        store = _file_stores.get((path, size))
+        if store is None:
+            if not _file_stores:
+                atexit.register(_drop_file_stores)  # at exit: the last process removes it
+            store = _file_stores[(path, size)] = c10d.FileStore(path, size)
+        return store
+
+
+def _drop_file_stores() -> None:
+    with _file_stores_lock:
+        _file_stores.clear()
+
+
 def _storeless(
     name: str, rank: int, size: int, timeout: timedelta, deadline: Deadline, where: str
 ) -> CommStore:
@@ -474,7 +498,7 @@ def _storeless(
     if path:
         if size == 1:
             return CommStore(store=c10d.HashStore())
-        file_store = c10d.FileStore(path, size)
+        file_store = _file_store(path, size)
         file_store.set_timeout(timeout)
         return _generation_dup(
             file_store, name, rank, size, timeout, deadline, where, None, durable=True
