@@ -90,6 +90,14 @@ def main() -> None:
         "backend reduce": lambda: impl.reduce(t, 0, op, False, opts),
         "api barrier": lambda: comm.barrier(False),
         "backend barrier": lambda: impl.barrier(False, opts),
+        # The backend's sync path with the grad mode switched off and on around the body
+        # (a tensor that requires grad) and left alone (none does: the hot ops' case).
+        "sync path, grad mode switched": lambda: impl._run_sync(  # type: ignore[attr-defined]
+            opts, shm.all_reduce, (t, op), (), False
+        ),
+        "sync path, grad mode left alone": lambda: impl._run_sync(  # type: ignore[attr-defined]
+            opts, shm.all_reduce, (t, op), (), True
+        ),
     }
     bare = torchcomms.new_comm("gloo", torch.device("cpu"), name="breakdown_bare")
     bare._set_observers(())  # type: ignore[attr-defined]  # internal: no flight recorder
@@ -108,6 +116,8 @@ def main() -> None:
         "TorchComm layer (reduce)": us["api reduce"] - us["backend reduce"],
         "TorchComm layer (barrier)": us["api barrier"] - us["backend barrier"],
         "general path (hints given), flight recorder": us["api all_reduce, general path"] - backend,
+        "switching the grad mode": us["sync path, grad mode switched"]
+        - us["sync path, grad mode left alone"],
         "  of which validation, op id, options, work": us["api all_reduce, no observer"] - backend,
         "  of which the op record's life cycle": us["api all_reduce, no-op observer"]
         - us["api all_reduce, no observer"],
