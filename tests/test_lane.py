@@ -5,7 +5,8 @@
   dumped entries are the same as the general path's (forced with ``hints={}``) in every
   field but times and ids; a failure on the lane is recorded with its error; a hook closes
   the lane and sees the op, its removal reopens it, and a handle does not keep its
-  communicator alive.
+  communicator alive; a plug-in's sync op that finishes only in ``wait()`` (or fails
+  there) completes its record then.
 * The one-round collectives with numpy (``shm_oneshot``, ``host_arrays``): all_reduce,
   reduce and broadcast on every dtype numpy takes and SUM/MAX/MIN, on both sides of the
   numpy size limit, on 2 and 3 ranks: exact results, the same bits on every rank, the
@@ -26,7 +27,8 @@ import torch
 
 from tests.harness import RankContext, run_ranks
 from tests.reference import rank_data, reduce_ref
-from torchcomms import CollectiveMismatchError, ReduceOp, TorchComm, new_comm
+from tests.test_api import DummyPyBackend, _Waitable
+from torchcomms import CollectiveMismatchError, ReduceOp, TorchComm, new_comm, register_backend
 from torchcomms.backends import host_arrays
 from torchcomms.hooks import fr
 from torchcomms.oprecord import OpRecord, SyncRecord
@@ -240,3 +242,38 @@ def test_numpy_is_used_only_where_it_is_exact() -> None:
     views.of(t)[2] = 40
     assert t.tolist() == [0, 1, 40, 3]
     assert views.of(t) is views.of(t)
+
+
+def test_lane_follows_a_sync_op_that_finishes_in_wait() -> None:
+    """A plug-in may return an unfinished work from a sync op: the record completes with it."""
+    register_backend("dummy_lane", DummyPyBackend)
+    comm = new_comm("dummy_lane", CPU, name="lane-late")
+    impl = comm.get_backend_impl()
+    assert isinstance(impl, DummyPyBackend)
+    assert comm._lane is not None
+    ring = fr.global_ring()
+    t = torch.ones(2)
+
+    start = len(ring.buf)
+    impl.next_result = _Waitable()
+    work = comm.all_reduce(t, ReduceOp.SUM, False)
+    [(record, d)] = _entries(comm, start)
+    assert type(record) is SyncRecord
+    assert not work.is_completed() and d["state"] == "started"
+    work.wait()
+    [(record, d)] = _entries(comm, start)
+    assert d["state"] == "completed" and d["error"] is None and record.work is None
+
+    class _Failing:
+        def wait(self) -> None:
+            raise RuntimeError("the plug-in's op failed")
+
+    start = len(ring.buf)
+    impl.next_result = _Failing()
+    work = comm.all_reduce(t, ReduceOp.SUM, False)
+    with pytest.raises(RuntimeError, match="the plug-in's op failed"):
+        work.wait()
+    [(record, d)] = _entries(comm, start)
+    assert d["state"] == "completed" and "the plug-in's op failed" in d["error"]
+    assert record.comm is None
+    comm.finalize()

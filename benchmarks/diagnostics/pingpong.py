@@ -14,28 +14,16 @@ on one core.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _ranks import run_local_ranks
 
 
 def parent() -> None:
-    store = os.path.join(tempfile.mkdtemp(), "store")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, *sys.argv[1:]],
-            env={
-                **os.environ,
-                "PINGPONG_CHILD": "1",
-                "TORCHCOMM_RANK": str(rank),
-                "TORCHCOMM_SIZE": "2",
-                "TORCHCOMM_STORE_PATH": store,
-            },
-        )
-        for rank in range(2)
-    ]
-    sys.exit(max(p.wait() for p in procs))
+    sys.exit(run_local_ranks(__file__, "PINGPONG_CHILD"))
 
 
 def child() -> None:

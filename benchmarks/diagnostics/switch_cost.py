@@ -63,34 +63,21 @@ def worker(role: str, rounds: int) -> None:
     )
 
 
+def _worker(role: str, rounds: int) -> subprocess.Popen[str]:
+    env = {**os.environ, WORKER_ENV: role, "SWITCH_COST_SECONDS": "15"}
+    argv = [sys.executable, __file__, "--rounds", str(rounds)]
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+
+
 def run(partner: str | None, rounds: int) -> dict[str, float]:
-    env = {**os.environ, WORKER_ENV: "torch"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--rounds", str(rounds)],
-            env=env,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-    ]
-    if partner == "torch":
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, __file__, "--rounds", str(rounds)],
-                env=env,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-        )
-    elif partner == "tiny":
-        tiny_env = {**os.environ, WORKER_ENV: "tiny", "SWITCH_COST_SECONDS": "15"}
-        tiny = subprocess.Popen([sys.executable, __file__], env=tiny_env)
-    out = json.loads(procs[0].communicate()[0].strip().splitlines()[-1])
-    for p in procs[1:]:
-        p.communicate()
-    if partner == "tiny":
-        tiny.kill()
-        tiny.wait()
+    """The measured process's percentiles, beside ``partner`` (None, "tiny" or "torch")."""
+    measured = _worker("torch", rounds)
+    other = _worker(partner, rounds) if partner is not None else None
+    out: dict[str, float] = json.loads(measured.communicate()[0].strip().splitlines()[-1])
+    if other is not None:
+        if partner == "tiny":  # it yields until killed
+            other.kill()
+        other.communicate()
     return out
 
 

@@ -13,7 +13,8 @@ One path for every op (collectives, point-to-point, batches, split):
 
 The sync lane (``_sync``) is steps 2 and 3 for the common case, the small-message latency
 path: a sync op with the comm's timeout and no hints, while no user hook is registered
-and every observer can record it in one call (``_lane``; the flight recorder can).  It
+and the comm's only observer can record it in one call (``_lane``; the flight recorder
+can).  It
 skips the pre-hook arguments and the ``OpRecord``; what observers and dumps see is the
 same.
 
@@ -132,8 +133,8 @@ class CommCore:
         self._abort_hooks: dict[int, AbortHook] = {}
         self._checkers: dict[str, Checker] = {}
         self._observers: tuple[OpObserver, ...] = ()
-        # The observers again while the sync lane is open (``_update_lane``), else None.
-        self._lane: tuple[LaneObserver, ...] | None = None
+        # The comm's one observer while the sync lane is open (``_update_lane``), else None.
+        self._lane: LaneObserver | None = None
         self._lane_ref = weakref.WeakMethod(self._update_lane)
         self._abort_lock = threading.Lock()
         self._abort_info: AbortInfo | None = None  # the first reason wins
@@ -380,49 +381,29 @@ class CommCore:
     ) -> TorchWork:
         """The lane: ``_issue`` for a valid sync op with the comm's timeout and no hints.
 
-        The caller checked that the lane is open (``_lane``: no user hook, every observer
-        records on the lane); each observer takes one ``SyncRecord`` instead of an
-        ``OpRecord`` and its entry.  What observers and backends see is the same as on
+        The caller checked that the lane is open (``_lane``: no user hook, and the comm's
+        one observer records on the lane); it takes one ``SyncRecord`` instead of an
+        ``OpRecord`` and its entry.  What it and the backend see is the same as on
         ``_issue``'s path (``tests/test_lane.py`` compares the two).
         """
-        lane = self._lane
-        assert lane is not None
+        observer = self._lane
+        assert observer is not None
         resolved = self._options.timeout
         op_id = _next_op_id()
         options = OpOptions(resolved, {}, name._name_, op_id)
-        if len(lane) == 1:  # the flight recorder, alone: no list per op
-            observer = lane[0]
-            record = observer.op_sync(self, name, op_id, tensor, peer, resolved)
-            try:
-                work = call(*call_args, options)
-            except BaseException as exc:
-                error = self._surfaced(name, exc)
-                record._finished(observer, self, error)
-                if error is exc:
-                    raise
-                raise error from exc
-            if type(work) is CompletedWork:
-                record.time_completed_ns = time.time_ns()
-            else:
-                record._track(work, observer, self)
-            return work
-        records = [o.op_sync(self, name, op_id, tensor, peer, resolved) for o in lane]
+        record = observer.op_sync(self, name, op_id, tensor, peer, resolved)
         try:
             work = call(*call_args, options)
         except BaseException as exc:
             error = self._surfaced(name, exc)
-            for o, r in zip(lane, records, strict=True):
-                r._finished(o, self, error)
+            record._finished(observer, self, error)
             if error is exc:
                 raise
             raise error from exc
-        done = type(work) is CompletedWork
-        now = time.time_ns()
-        for o, r in zip(lane, records, strict=True):
-            if done:
-                r.time_completed_ns = now
-            else:
-                r._track(work, o, self)
+        if type(work) is CompletedWork:
+            record.time_completed_ns = time.time_ns()
+        else:
+            record._track(work, observer, self)
         return work
 
     def _add_observer(self, observer: OpObserver) -> None:
@@ -438,11 +419,12 @@ class CommCore:
         self._update_lane()
 
     def _update_lane(self) -> None:
-        """Open the sync lane (``_sync``) while no user hook is registered and every
-        observer records on it; ops check only ``_lane``.  Any thread (hook changes)."""
+        """Open the sync lane (``_sync``) while no user hook is registered and the comm's
+        only observer records on it (the flight recorder, by default); ops check only
+        ``_lane``.  Any thread (hook changes)."""
         observers = self._observers
-        lane_capable = all(callable(getattr(o, "op_sync", None)) for o in observers)
-        if lane_capable and observers and not self._pre_hooks and not self._post_hooks:
-            self._lane = observers  # type: ignore[assignment]  # LaneObservers, checked
+        only = observers[0] if len(observers) == 1 else None
+        if callable(getattr(only, "op_sync", None)) and not self._pre_hooks and not self._post_hooks:
+            self._lane = only  # type: ignore[assignment]  # a LaneObserver, checked
         else:
             self._lane = None

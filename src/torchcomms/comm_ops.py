@@ -40,7 +40,7 @@ class CommOps(CommCore):
         c = self._checker("send")
         c.tensor(tensor)
         c.peer("dst", dst, "send to")
-        if async_op is False and hints is None and timeout is None and self._lane:
+        if async_op is False and hints is None and timeout is None and self._lane is not None:
             return self._sync(OpName.send, tensor, dst, self._backend.send, (tensor, dst, False))
         c.async_op(async_op)
         return self._issue(
@@ -63,7 +63,7 @@ class CommOps(CommCore):
         c = self._checker("recv")
         c.tensor(tensor)
         c.peer("src", src, "recv from")
-        if async_op is False and hints is None and timeout is None and self._lane:
+        if async_op is False and hints is None and timeout is None and self._lane is not None:
             return self._sync(OpName.recv, tensor, src, self._backend.recv, (tensor, src, False))
         c.async_op(async_op)
         return self._issue(
@@ -92,7 +92,7 @@ class CommOps(CommCore):
         c = self._checker("broadcast")
         c.tensor(tensor)
         c.rank_arg("root", root)
-        if async_op is False and hints is None and timeout is None and self._lane:
+        if async_op is False and hints is None and timeout is None and self._lane is not None:
             return self._sync(
                 OpName.broadcast, tensor, -1, self._backend.broadcast, (tensor, root, False)
             )
@@ -117,7 +117,7 @@ class CommOps(CommCore):
         c = self._checker("all_reduce")
         c.tensor(tensor)
         c.reduce_op(op, tensor.dtype)
-        if async_op is False and hints is None and timeout is None and self._lane:
+        if async_op is False and hints is None and timeout is None and self._lane is not None:
             return self._sync(
                 OpName.all_reduce, tensor, -1, self._backend.all_reduce, (tensor, op, False)
             )
@@ -144,7 +144,7 @@ class CommOps(CommCore):
         c.tensor(tensor)
         c.rank_arg("root", root)
         c.reduce_op(op, tensor.dtype)
-        if async_op is False and hints is None and timeout is None and self._lane:
+        if async_op is False and hints is None and timeout is None and self._lane is not None:
             return self._sync(
                 OpName.reduce, tensor, -1, self._backend.reduce, (tensor, root, op, False)
             )
@@ -430,7 +430,7 @@ class CommOps(CommCore):
         timeout: timedelta | None = None,
     ) -> TorchWork:
         c = self._checker("barrier")
-        if async_op is False and hints is None and timeout is None and self._lane:
+        if async_op is False and hints is None and timeout is None and self._lane is not None:
             return self._sync(OpName.barrier, None, -1, self._backend.barrier, (False,))
         c.async_op(async_op)
         return self._issue(

@@ -15,8 +15,8 @@ attach to a communicator with ``TorchComm._add_observer`` and implement
 * optionally ``comm_split(parent, child, members, op_id)``: the parent's ``split`` created
   ``child`` (which inherits the parent's observers) over parent ranks ``members``;
 * optionally ``op_sync(...)`` (``LaneObserver``): record a sync op of the lane
-  (``CommCore._sync``) in one call, returning its ``SyncRecord``.  While every observer
-  of a comm has it, sync ops skip the ``OpRecord`` (see ``SyncRecord``).
+  (``CommCore._sync``) in one call, returning its ``SyncRecord``.  While it is a comm's
+  only observer, sync ops skip the ``OpRecord`` (see ``SyncRecord``).
 
 ``state`` follows PyTorch's flight-recorder vocabulary: ``scheduled`` (queued behind
 earlier ops), ``started`` (running), ``completed`` (finished, with or without error).

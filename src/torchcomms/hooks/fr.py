@@ -194,20 +194,7 @@ class _Ring:
                 shapes = fn(args) if fn is not None else _EMPTY_SHAPES
             except Exception:
                 shapes = _EMPTY_SHAPES
-        self.buf.append(
-            (
-                record,
-                next(self.ids),
-                st.meta,
-                st.coll,
-                st.p2p,
-                shapes,
-                dtype,
-                peer,
-                _current_thread(),
-                _python_frames() if self.stack else _NO_FRAMES,
-            )
-        )
+        self._append(record, st, shapes, dtype, peer)
 
     def op_sync(
         self,
@@ -227,11 +214,13 @@ class _Ring:
             st.coll += 1
         record = SyncRecord(name, op_id, timeout)
         if tensor is None:
-            shapes: Any = _EMPTY_SHAPES
-            dtype = None
+            self._append(record, st, _EMPTY_SHAPES, None, peer)
         else:
-            shapes = tensor.shape
-            dtype = tensor.dtype
+            self._append(record, st, tensor.shape, tensor.dtype, peer)
+        return record
+
+    def _append(self, record: Any, st: _SeqState, shapes: Any, dtype: Any, peer: int) -> None:
+        """The one place an ``Entry`` is built (``_fr_dump.entry_to_dict`` reads it)."""
         self.buf.append(
             (
                 record,
@@ -246,7 +235,6 @@ class _Ring:
                 _python_frames() if self.stack else _NO_FRAMES,
             )
         )
-        return record
 
     def op_finished(self, record: OpRecord) -> None:
         error = record.error
@@ -261,21 +249,7 @@ class _Ring:
         self.register(child, default=parent in self.default_comms)
         st = self._seq(child)
         st.coll += 1
-        record = _SplitRecord(op_id, child.get_options().timeout)
-        self.buf.append(
-            (
-                record,
-                next(self.ids),
-                st.meta,
-                st.coll,
-                st.p2p,
-                _EMPTY_SHAPES,
-                None,
-                -1,
-                _current_thread(),
-                _python_frames() if self.stack else _NO_FRAMES,
-            )
-        )
+        self._append(_SplitRecord(op_id, child.get_options().timeout), st, _EMPTY_SHAPES, None, -1)
 
     # registration --------------------------------------------------------------------------------
     def register(self, comm: TorchComm, default: bool = False) -> None:
