@@ -242,6 +242,8 @@ def test_numpy_is_used_only_where_it_is_exact() -> None:
     views.of(t)[2] = 40
     assert t.tolist() == [0, 1, 40, 3]
     assert views.of(t) is views.of(t)
+    with pytest.raises(ValueError, match=r"numpy has no dtype for torch\.bfloat16"):
+        host_arrays.UserArrays(torch.bfloat16, 4)
 
 
 def test_lane_follows_a_sync_op_that_finishes_in_wait() -> None:
