@@ -9,11 +9,16 @@ processes.
   large synchronous send completes while this rank is busy elsewhere (through the
   communicator: an async recv, then a collective).
 * A peer's goodbye and a peer that vanishes fail the receives waiting on it.
+* The read buffer: frames cut anywhere (one byte at a time, or many in one segment),
+  frames larger than the buffer, receives posted before and after their message, a
+  receive of the wrong size, and a goodbye cut in pieces, all from a raw socket that
+  writes the wire format by hand.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import socket
 import struct
 import threading
@@ -292,4 +297,89 @@ def test_a_send_on_a_connection_the_peer_reset_fails_naming_the_peer() -> None:
     assert outcomes[-1].peer == 3 and outcomes[-1].said is None
     with pytest.raises(LanePeerGone):
         eng.wait([op], _deadline(5.0))
+    eng.close()
+
+
+def _frame(tag: int, payload: bytes) -> bytes:
+    return struct.pack("<Qq", len(payload), tag) + payload
+
+
+def _dialled_engine() -> tuple[P2P, socket.socket]:
+    """An engine, and a raw socket dialled into it as rank 5 (its hello sent)."""
+    listener = tcp_lane.listen("127.0.0.1")
+    eng = P2P(0, listener, "tok", lambda r: ("127.0.0.1", 1, "unused"))
+    raw = socket.create_connection(listener.getsockname())
+    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    raw.sendall(b"HI tok 5\n")
+    return eng, raw
+
+
+def _write_in_pieces(raw: socket.socket, data: bytes, sizes: list[int]) -> threading.Thread:
+    """Write ``data`` in pieces of the given sizes (cycled), a short pause after each."""
+
+    def run() -> None:
+        at, i = 0, 0
+        while at < len(data):
+            step = sizes[i % len(sizes)]
+            raw.sendall(data[at : at + step])
+            at, i = at + step, i + 1
+            time.sleep(0.0005)
+
+    writer = threading.Thread(target=run, daemon=True)
+    writer.start()
+    return writer
+
+
+@pytest.mark.parametrize("cut", ["bytewise", "random", "whole"])
+def test_frames_cut_anywhere_arrive_whole_and_in_order(cut: str) -> None:
+    rng = random.Random(7)
+    big = tcp_p2p._READ_BUF  # larger than the buffer: read straight into place
+    sizes = [0, 1, 8, 100, 4096, big - 16, big - 15, big + 1, 3 * big + 5, 16, 7, 0, 65]
+    if cut == "bytewise":
+        sizes = [s for s in sizes if s < 300]  # a byte at a time: keep it short
+    payloads = [bytes(rng.randrange(256) for _ in range(n)) for n in sizes]
+    tags = [i % 3 for i in range(len(sizes))]  # repeated tags: order within a tag
+    stream = b"".join(_frame(t, p) for t, p in zip(tags, payloads, strict=True))
+    pieces = {"bytewise": [1], "random": [rng.randrange(1, 9000) for _ in range(50)], "whole": [len(stream)]}
+    eng, raw = _dialled_engine()
+    # Half the receives are posted before anything is sent, half once all of it is here.
+    bufs = [bytearray(n) for n in sizes]
+    half = len(sizes) // 2
+    ops = [eng.post_recv(5, tags[i], memoryview(bufs[i])) for i in range(half)]
+    writer = _write_in_pieces(raw, stream, pieces[cut])
+    eng.wait(ops, _deadline())
+    writer.join(20)
+    time.sleep(0.05)
+    ops += [eng.post_recv(5, tags[i], memoryview(bufs[i])) for i in range(half, len(sizes))]
+    eng.wait(ops, _deadline())
+    for i, (got, want) in enumerate(zip(bufs, payloads, strict=True)):
+        assert bytes(got) == want, (cut, i, sizes[i])
+    raw.close()
+    eng.close()
+
+
+def test_a_receive_of_the_wrong_size_fails_and_the_message_waits_for_the_next() -> None:
+    eng, raw = _dialled_engine()
+    wrong = eng.post_recv(5, 4, memoryview(bytearray(3)))
+    raw.sendall(_frame(4, b"abcdefgh"))
+    with pytest.raises(LaneProtocolError, match="a receive of 3 B from rank 5 met a message of 8 B"):
+        eng.wait([wrong], _deadline())
+    right = bytearray(8)
+    eng.wait([eng.post_recv(5, 4, memoryview(right))], _deadline())
+    assert bytes(right) == b"abcdefgh"
+    raw.close()
+    eng.close()
+
+
+def test_a_goodbye_cut_in_pieces_fails_the_receive_with_its_text() -> None:
+    eng, raw = _dialled_engine()
+    op = eng.post_recv(5, 0, memoryview(bytearray(4)))
+    text = b"FAILED dead 1,2"
+    frame = struct.pack("<Qq", (1 << 64) - 1, 0) + struct.pack("<I", len(text)) + text
+    writer = _write_in_pieces(raw, frame, [3, 5, 1, 13, 2])
+    with pytest.raises(LanePeerGone) as info:
+        eng.wait([op], _deadline())
+    writer.join(20)
+    assert info.value.peer == 5 and info.value.said == text.decode()
+    raw.close()
     eng.close()

@@ -85,18 +85,19 @@ def _assert_identical(a: Path, b: Path) -> None:
 def test_training_matches_reference_and_plain_gloo(
     tmp_path: Path, script: str, nproc: int, extra: list[str], shards: int, transport: str
 ) -> None:
-    """Switch on (shm on one host, or tcp forced) vs off (plain gloo): both match the reference.
+    """Switch on (shm on one host, or tcp forced) matches the reference; where the reduction
+    order cannot differ, it also matches a run with the switch off (plain gloo) bit for bit.
 
-    Results are bit-identical where the reduction order cannot differ: on tcp (the same gloo
-    algorithms) and with 2 ranks (a + b either way).  With 4 ranks shm sums in rank order and
-    gloo in ring order, so float results may differ in the last bit; both stay within the
-    reference tolerance.
+    That is on tcp (the same gloo algorithms) and with 2 ranks (a + b either way).  With 4
+    ranks on shm, shm sums in rank order and gloo in ring order, so float results may differ
+    in the last bit: there the plain run would only test torch against the reference, and is
+    skipped (it cost 15 s a cell on a 2-core machine).
     """
     on = _train(tmp_path, script, nproc, extra, switch=True, transport=transport)
     _check_against_reference(on, shards)
-    off = _train(tmp_path, script, nproc, extra, switch=False, transport=transport)
-    _check_against_reference(off, shards)
     if transport == "tcp" or nproc == 2:
+        off = _train(tmp_path, script, nproc, extra, switch=False, transport=transport)
+        _check_against_reference(off, shards)
         _assert_identical(on, off)
 
 

@@ -43,6 +43,7 @@ from torchcomms.backends.gloo_exchange import Exchange
 from torchcomms.backends.gloo_mismatch import MismatchReport
 from torchcomms.backends.gloo_ring_ops import RingOps
 from torchcomms.backends.gloo_waits import GLOO_MARGIN_S, GlooWaiter
+from torchcomms.backends.host_arrays import UserBytes
 from torchcomms.backends.reductions import reduce_rows
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
@@ -61,6 +62,7 @@ _EXACT_ORDER_FREE = (RedOpType.MAX, RedOpType.MIN, RedOpType.BAND, RedOpType.BOR
 #: The payload of an exchange that carries none but must happen (barrier, broadcast's
 #: receivers), whatever ``TORCHCOMM_MISMATCH_CHECK`` says.
 _NOTHING = torch.empty(0)
+_NO_BYTES = memoryview(b"")
 
 
 def _premultiply(tensor: torch.Tensor, op: ReduceOp) -> None:
@@ -117,6 +119,7 @@ class GlooOps(CpuOps):
         self.rings = RingOps(lane, self.exchange, self.waiter, self._begin, check)
         #: Point-to-point over direct connections.
         self.p2p = p2p
+        self._user_bytes = UserBytes()
 
     def describe(self) -> str:
         return f"tcp ({self.device_desc})"
@@ -516,10 +519,12 @@ class GlooOps(CpuOps):
         tag = 2 * (seqs[peer] % _TAG_SPAN)
         seqs[peer] += 1
         engine = self.p2p
+        # A non-owning view (cheaper than ``as_bytes``); the op keeps ``staged`` alive.
+        view = self._user_bytes.of(staged) if staged.nbytes else _NO_BYTES
         if sending:
-            move = engine.post_send(peer, tag, as_bytes(staged))
+            move = engine.post_send(peer, tag, view, staged)
         else:
-            move = engine.post_recv(peer, tag, as_bytes(staged))
+            move = engine.post_recv(peer, tag, view, staged)
         if not move.done or move.error is not None:  # a send usually went out when posted
             what = "send" if sending else "recv"
             waiter = self.waiter

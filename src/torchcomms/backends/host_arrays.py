@@ -15,6 +15,9 @@ all_reduce uses these views up to ``MAX_BYTES``:
   address.  A view is used only for a tensor whose ``data_ptr``, length and dtype match
   the cached entry, so it always covers exactly that live tensor's memory; it never keeps
   memory alive (a cached address whose tensor was freed is simply never dereferenced);
+* ``UserBytes`` does the same for byte views (``memoryview``), what sockets read into
+  and send from: 0.3 us against 1.6 us for ``tensor.numpy().data.cast("B")``.  A view
+  does not keep its tensor alive: whoever keeps the view past the call keeps the tensor;
 * ``mark_written`` bumps the tensor's autograd version, as an in-place torch op would.
 
 Everything runs on the thread that runs the op.
@@ -85,6 +88,26 @@ class UserArrays:
         if view is None:
             raw = (ctypes.c_char * self._nbytes).from_address(ptr)
             view = np.frombuffer(memoryview(raw).cast("B"), dtype=self._dtype)
+            if len(self._views) >= _CACHE_ENTRIES:
+                self._views.clear()
+            self._views[ptr] = view
+        return view
+
+
+class UserBytes:
+    """Non-owning byte views of contiguous CPU tensors, by address and length."""
+
+    __slots__ = ("_views",)
+
+    def __init__(self) -> None:
+        self._views: dict[int, memoryview] = {}
+
+    def of(self, t: torch.Tensor) -> memoryview:
+        """The bytes of ``t``, a contiguous CPU tensor, valid while ``t`` lives."""
+        ptr, nbytes = t.data_ptr(), t.nbytes
+        view = self._views.get(ptr)
+        if view is None or len(view) != nbytes:
+            view = memoryview((ctypes.c_char * nbytes).from_address(ptr)).cast("B")
             if len(self._views) >= _CACHE_ENTRIES:
                 self._views.clear()
             self._views[ptr] = view
