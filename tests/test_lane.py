@@ -53,12 +53,20 @@ def _comm(ctx: RankContext, name: str, transport: str = "shm") -> TorchComm:
     )
 
 
+def _mark() -> int:
+    """The record id the flight recorder gives next (a rank process runs many tests: the
+    ring may be full, so its length says nothing)."""
+    buf = fr.global_ring().buf
+    return buf[-1][1] + 1 if buf else 0
+
+
 def _entries(comm: TorchComm, since: int) -> list[tuple[Any, dict[str, Any]]]:
-    """(record, dumped dict) of this comm's flight-recorder entries after the first ``since``."""
-    ring = fr.global_ring()
+    """(record, dumped dict) of this comm's flight-recorder entries from record id ``since``."""
     name = comm.get_name()
     out = []
-    for entry in list(ring.buf)[since:]:
+    for entry in list(fr.global_ring().buf):
+        if entry[1] < since:
+            continue
         d = fr.entry_to_dict(entry)
         if d["process_group"][0] == name:
             out.append((entry[0], d))
@@ -84,11 +92,10 @@ def _ops(comm: TorchComm, hints: dict[str, str] | None) -> None:
 def _lane_matches_general_path(ctx: RankContext, transport: str) -> None:
     comm = _comm(ctx, f"lane-{transport}", transport)
     assert comm._lane is not None, "the flight recorder alone must leave the lane open"
-    ring = fr.global_ring()
-    start = len(ring.buf)
+    start = _mark()
     _ops(comm, None)
     lane = _entries(comm, start)
-    start = len(ring.buf)
+    start = _mark()
     _ops(comm, {})
     general = _entries(comm, start)
     assert [type(r) for r, _ in lane] == [SyncRecord] * 6
@@ -114,8 +121,7 @@ def test_lane_records_what_the_general_path_records(transport: str) -> None:
 def _lane_failure_and_hooks(ctx: RankContext) -> None:
     comm = _comm(ctx, "lane-hooks")
     rank = comm.get_rank()
-    ring = fr.global_ring()
-    start = len(ring.buf)
+    start = _mark()
     t = torch.ones(3)
     op = ReduceOp.SUM if rank == 0 else ReduceOp.MAX  # a mismatch, raised on every rank
     with pytest.raises(CollectiveMismatchError):
@@ -253,10 +259,9 @@ def test_lane_follows_a_sync_op_that_finishes_in_wait() -> None:
     impl = comm.get_backend_impl()
     assert isinstance(impl, DummyPyBackend)
     assert comm._lane is not None
-    ring = fr.global_ring()
     t = torch.ones(2)
 
-    start = len(ring.buf)
+    start = _mark()
     impl.next_result = _Waitable()
     work = comm.all_reduce(t, ReduceOp.SUM, False)
     [(record, d)] = _entries(comm, start)
@@ -270,7 +275,7 @@ def test_lane_follows_a_sync_op_that_finishes_in_wait() -> None:
         def wait(self) -> None:
             raise RuntimeError("the plug-in's op failed")
 
-    start = len(ring.buf)
+    start = _mark()
     impl.next_result = _Failing()
     work = comm.all_reduce(t, ReduceOp.SUM, False)
     with pytest.raises(RuntimeError, match="the plug-in's op failed"):

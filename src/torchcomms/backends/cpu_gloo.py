@@ -43,7 +43,7 @@ from torchcomms.backends.gloo_exchange import Exchange
 from torchcomms.backends.gloo_mismatch import MismatchReport
 from torchcomms.backends.gloo_ring_ops import RingOps
 from torchcomms.backends.gloo_waits import GLOO_MARGIN_S, GlooWaiter
-from torchcomms.backends.host_arrays import UserBytes
+from torchcomms.backends.host_arrays import UserBytes, mark_written
 from torchcomms.backends.reductions import reduce_rows
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
@@ -62,7 +62,7 @@ _EXACT_ORDER_FREE = (RedOpType.MAX, RedOpType.MIN, RedOpType.BAND, RedOpType.BOR
 #: The payload of an exchange that carries none but must happen (barrier, broadcast's
 #: receivers), whatever ``TORCHCOMM_MISMATCH_CHECK`` says.
 _NOTHING = torch.empty(0)
-_NO_BYTES = memoryview(b"")
+_NO_BYTES = memoryview(bytearray())
 
 
 def _premultiply(tensor: torch.Tensor, op: ReduceOp) -> None:
@@ -532,8 +532,11 @@ class GlooOps(CpuOps):
                 engine.wait([move], lambda: waiter.check_p2p(deadline, what, [peer]))
             except LanePeerGone as gone:
                 raise waiter.gone(gone, what) from None
-        if staged is not tensor and not sending:
-            tensor.copy_(staged.view(tensor.shape))
+        if not sending:
+            if staged is not tensor:
+                tensor.copy_(staged.view(tensor.shape))
+            else:  # written through a byte view: as an in-place op would
+                mark_written((staged,))
 
     def _tag(self, op: P2POp, user_tag: int | None) -> int:
         if user_tag is not None:
@@ -573,7 +576,10 @@ class GlooOps(CpuOps):
             except LanePeerGone as gone:
                 raise waiter.gone(gone, what) from None
             for op, _, staged in posted:
-                if staged is not op.tensor and op.type is P2POpType.RECV:
-                    op.tensor.copy_(staged.view(op.tensor.shape))
+                if op.type is P2POpType.RECV:
+                    if staged is not op.tensor:
+                        op.tensor.copy_(staged.view(op.tensor.shape))
+                    else:  # written through a byte view: as an in-place op would
+                        mark_written((staged,))
 
         return complete

@@ -21,7 +21,7 @@ import torch._C._distributed_c10d as c10d
 
 from torchcomms import config
 from torchcomms import fingerprint as F
-from torchcomms.backends import cpu_connect
+from torchcomms.backends import cpu_connect, host_arrays
 from torchcomms.backends._host import finish_average, host_flat, on_host, overlaps
 from torchcomms.backends.cpu_ops import Completion, CpuOps
 from torchcomms.backends.shm_collectives import ShmCollectives
@@ -41,6 +41,7 @@ from torchcomms.types import P2POp, P2POpType, RedOpType, ReduceOp
 
 _SUPPORTED_MACHINES = ("x86_64", "amd64", "i686", "i386")
 _AVG = RedOpType.AVG
+_NO_BYTES = memoryview(bytearray())
 
 
 def unsupported_reason() -> str | None:
@@ -145,6 +146,7 @@ class ShmOps(CpuOps):
         self.chan = coll.chan
         self.coll = coll
         self.p2p = ShmP2P(coll.chan)
+        self._user_bytes = host_arrays.UserBytes()
         self.size = coll.size
         self.rank = coll.rank
 
@@ -354,7 +356,19 @@ class ShmOps(CpuOps):
     # -- point-to-point ----------------------------------------------------------------------
     def transfer(self, sending: bool, tensor: torch.Tensor, peer: int, deadline: Deadline) -> None:
         staged = tensor if tensor.is_cpu else tensor.detach().to("cpu")
-        self.p2p.wait([self.p2p.post(sending, peer, staged, None)], deadline)
+        p2p = self.p2p
+        if staged.is_contiguous():  # the direct path first (``shm_p2p``)
+            data = self._user_bytes.of(staged) if staged.nbytes else _NO_BYTES
+            if sending:
+                if p2p.send_now(peer, data):
+                    return
+            elif p2p.recv_now(peer, data, deadline):
+                if staged is tensor:
+                    host_arrays.mark_written((tensor,))
+                else:
+                    tensor.copy_(staged)
+                return
+        p2p.wait([p2p.post(sending, peer, staged, None)], deadline)
         if staged is not tensor and not sending:
             tensor.copy_(staged)
 

@@ -16,6 +16,12 @@ on a transfer keeps moving every queued transfer with the same peers, so crossed
 and receives of any size cannot deadlock.  ``wait`` is one ``ShmChannel.poll`` (the
 channel's single wait loop, bounded by the op's ``Deadline``) whose predicate progresses.
 
+**The direct path** (``send_now``/``recv_now``): one small untagged message of a sync op,
+while nothing else is posted, moves with byte slice assignments on ``memoryview``s of
+the segment and of the caller's tensor, and a receive waits on the one flag it needs.
+Whatever it cannot do simply (a full ring, a tagged or unexpected message, other posted
+transfers that a wait must keep moving) it leaves untouched, and the op takes ``post``.
+
 Threads: ``post`` runs on the thread that runs the op; ``wait`` on whichever thread
 waits for the work (the executor's, or a caller's in the work's ``wait()``); and a
 collective waiting on the executor thread progresses the rings through the channel's
@@ -41,6 +47,8 @@ from torchcomms.transport.shm_channel import (
 )
 
 _NO_TAG = -1
+#: As ``shm_oneshot.TIGHT_CHECKS``: inline flag reads (~0.05 us each) before the wait loop.
+_TIGHT_CHECKS = 64
 _BYTE = torch.uint8
 
 
@@ -83,6 +91,12 @@ class ShmP2P:
         self._got: dict[int, int] = defaultdict(int)  # chunks read, per source
         self._chunk = chan.layout.pair_bytes
         chan.idle = self._progress_in_background
+        self._bytes = chan.flags.cast("B")  # the whole segment, for the direct path
+        #: Per peer, for the direct path: flag indices and slot offsets of both pair rings.
+        self._direct: dict[int, tuple[int, ...]] = {}
+        #: Inline flag checks of ``recv_now`` before the channel's wait loop (shm_oneshot).
+        policy = chan.policy
+        self._tight_checks = 0 if policy.oversubscribed or policy.spins <= 0 else _TIGHT_CHECKS
 
     def _progress_in_background(self) -> None:
         """Called by collective waits: posted sends and receives keep moving meanwhile."""
@@ -104,6 +118,100 @@ class ShmP2P:
                 self._match_posted(self._incoming[peer], t)
             self._progress_peer(peer)
         return t
+
+    # -- the direct path (the module docstring) -------------------------------------------------
+    def _direct_of(self, peer: int) -> tuple[int, ...]:
+        """Outgoing ACKED, SENT, meta lines and slot offsets (per parity), then the incoming
+        ones, for ``peer``."""
+        d = self._direct.get(peer)
+        if d is None:
+            layout, me = self._chan.layout, self._chan.rank
+            d = self._direct[peer] = (
+                layout.pair_flag(me, peer, ACKED),
+                layout.pair_flag(me, peer, SENT),
+                layout.pair_flag(me, peer, PMETA0),
+                layout.pair_flag(me, peer, PMETA0 + 1),
+                layout.pair_offset(me, peer, 0),
+                layout.pair_offset(me, peer, 1),
+                layout.pair_flag(peer, me, ACKED),
+                layout.pair_flag(peer, me, SENT),
+                layout.pair_flag(peer, me, PMETA0),
+                layout.pair_flag(peer, me, PMETA0 + 1),
+                layout.pair_offset(peer, me, 0),
+                layout.pair_offset(peer, me, 1),
+            )
+        return d
+
+    def send_now(self, peer: int, data: memoryview) -> bool:
+        """Write one untagged message of at most a chunk into the pair ring now, if no send
+        to ``peer`` is queued and the ring has room; whether it did (else nothing changed)."""
+        n = len(data)
+        if n > self._chunk:
+            return False
+        flags = self._chan.flags
+        acked, sent, meta0, meta1, off0, off1 = self._direct_of(peer)[:6]
+        with self._lock:
+            if self._sends.get(peer):
+                return False
+            i = self._sent[peer] + 1
+            if flags[acked] < i - 2:
+                return False
+            odd = i & 1
+            off = off1 if odd else off0
+            self._bytes[off : off + n] = data
+            meta = meta1 if odd else meta0
+            flags[meta] = n
+            flags[meta + 1] = _NO_TAG
+            flags[sent] = i
+            self._chan.ring()
+            self._sent[peer] = i
+        return True
+
+    def recv_now(self, peer: int, data: memoryview, deadline: Deadline) -> bool:
+        """Receive one untagged message of ``len(data)`` bytes (at most a chunk) from
+        ``peer`` straight from the ring, when nothing else is posted that a wait would
+        have to move; whether it did.  False leaves the ring as it was (the message, if it
+        came, stays for ``post``), after waiting for the message if nothing was posted."""
+        n = len(data)
+        if n > self._chunk:
+            return False
+        with self._lock:
+            incoming = self._incoming.get(peer)
+            if incoming is not None and incoming.unexpected:
+                return False
+            if any(self._sends.values()) or any(
+                inc.posted or inc.current is not None for inc in self._incoming.values()
+            ):
+                return False
+            i = self._got[peer] + 1
+        acked, sent, meta0, meta1, off0, off1 = self._direct_of(peer)[6:]
+        chan = self._chan
+        flags = chan.flags
+        if flags[sent] < i:
+            checks = self._tight_checks
+            while checks and flags[sent] < i:
+                checks -= 1
+            if flags[sent] < i:
+                chan.poll(lambda: flags[sent] >= i, lambda: (peer,), deadline, "to exchange a message")
+        with self._lock:
+            incoming = self._incoming[peer]
+            if (
+                self._got[peer] + 1 != i  # another thread took it meanwhile
+                or incoming.current is not None
+                or incoming.posted
+                or incoming.unexpected
+            ):
+                return False
+            odd = i & 1
+            meta = meta1 if odd else meta0
+            if flags[meta] != n or flags[meta + 1] != _NO_TAG:
+                return False  # ``post`` routes it (a tag) or fails the receive (a size)
+            off = off1 if odd else off0
+            data[:] = self._bytes[off : off + n]
+            flags[acked] = i
+            chan.ring()
+            self._got[peer] = i
+        return True
 
     def _match_posted(self, incoming: _Incoming, t: Transfer) -> None:
         """A new receive takes the oldest unexpected message with its tag, else waits in line."""
