@@ -30,7 +30,7 @@ import torch
 
 from tests.harness import RankContext, RankFailure, run_ranks
 from torchcomms import ReduceOp, new_comm
-from torchcomms.transport import tcp_lane, tcp_p2p
+from torchcomms.transport import tcp_lane, tcp_p2p, tcp_p2p_wire
 from torchcomms.transport.tcp_lane import LanePeerGone, LaneProtocolError
 from torchcomms.transport.tcp_p2p import P2P, Transfer
 from torchcomms.transport.tcp_ring import as_bytes
@@ -333,14 +333,18 @@ def _write_in_pieces(raw: socket.socket, data: bytes, sizes: list[int]) -> threa
 @pytest.mark.parametrize("cut", ["bytewise", "random", "whole"])
 def test_frames_cut_anywhere_arrive_whole_and_in_order(cut: str) -> None:
     rng = random.Random(7)
-    big = tcp_p2p._READ_BUF  # larger than the buffer: read straight into place
+    big = tcp_p2p_wire.READ_BUF  # larger than the buffer: read straight into place
     sizes = [0, 1, 8, 100, 4096, big - 16, big - 15, big + 1, 3 * big + 5, 16, 7, 0, 65]
     if cut == "bytewise":
         sizes = [s for s in sizes if s < 300]  # a byte at a time: keep it short
     payloads = [bytes(rng.randrange(256) for _ in range(n)) for n in sizes]
     tags = [i % 3 for i in range(len(sizes))]  # repeated tags: order within a tag
     stream = b"".join(_frame(t, p) for t, p in zip(tags, payloads, strict=True))
-    pieces = {"bytewise": [1], "random": [rng.randrange(1, 9000) for _ in range(50)], "whole": [len(stream)]}
+    pieces = {
+        "bytewise": [1],
+        "random": [rng.randrange(1, 9000) for _ in range(50)],
+        "whole": [len(stream)],
+    }
     eng, raw = _dialled_engine()
     # Half the receives are posted before anything is sent, half once all of it is here.
     bufs = [bytearray(n) for n in sizes]
@@ -362,7 +366,9 @@ def test_a_receive_of_the_wrong_size_fails_and_the_message_waits_for_the_next() 
     eng, raw = _dialled_engine()
     wrong = eng.post_recv(5, 4, memoryview(bytearray(3)))
     raw.sendall(_frame(4, b"abcdefgh"))
-    with pytest.raises(LaneProtocolError, match="a receive of 3 B from rank 5 met a message of 8 B"):
+    with pytest.raises(
+        LaneProtocolError, match="a receive of 3 B from rank 5 met a message of 8 B"
+    ):
         eng.wait([wrong], _deadline())
     right = bytearray(8)
     eng.wait([eng.post_recv(5, 4, memoryview(right))], _deadline())

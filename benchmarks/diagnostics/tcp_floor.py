@@ -143,10 +143,13 @@ def child(calls: int, rounds: int, json_path: str | None) -> None:
     comm.finalize()
     if rank == 0:
         summary = {
-            name: {"median_us": statistics.median(v), "best_us": min(v)} for name, v in times.items()
+            name: {"median_us": statistics.median(v), "best_us": min(v)}
+            for name, v in times.items()
         }
         for name, r in summary.items():
-            print(f"{name:24s} one-way median {r['median_us']:6.1f} us, best {r['best_us']:6.1f} us")
+            print(
+                f"{name:24s} one-way median {r['median_us']:6.1f} us, best {r['best_us']:6.1f} us"
+            )
         if json_path:
             with open(json_path, "w") as f:
                 json.dump(
@@ -171,6 +174,7 @@ def main() -> None:
         child(args.calls, args.rounds, args.json)
         return
     sys.exit(run_local_ranks(__file__, _CHILD))
+
 
 if __name__ == "__main__":
     main()

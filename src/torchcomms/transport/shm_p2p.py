@@ -192,7 +192,9 @@ class ShmP2P:
             while checks and flags[sent] < i:
                 checks -= 1
             if flags[sent] < i:
-                chan.poll(lambda: flags[sent] >= i, lambda: (peer,), deadline, "to exchange a message")
+                chan.poll(
+                    lambda: flags[sent] >= i, lambda: (peer,), deadline, "to exchange a message"
+                )
         with self._lock:
             incoming = self._incoming[peer]
             if (

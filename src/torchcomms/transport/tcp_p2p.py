@@ -14,7 +14,7 @@ receiver to be in a call.
 **Frames.**  ``u64 length``, ``i64 tag``, then the payload; a length of ``2**64 - 1``
 starts a goodbye (``u32 length`` + text).  Messages of one pair and tag match in order;
 a message that arrives before its receive is posted waits in a per-peer queue (one
-copy).  Each connection is read into a buffer of ``_READ_BUF`` bytes, so one ``recv``
+copy).  Each connection is read into a buffer of ``READ_BUF`` bytes, so one ``recv``
 takes every small frame that has arrived (a ``recv`` costs ~3 us here, raising
 ``EAGAIN`` included); a frame that does not fit is read straight into its receive's
 tensor once its head is in.
@@ -39,19 +39,25 @@ import collections
 import contextlib
 import select
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable
 
 from torchcomms.transport.tcp_lane import SLICE_MS, LanePeerGone, LaneProtocolError, send_some
+from torchcomms.transport.tcp_p2p_wire import (
+    GOODBYE,
+    HEAD,
+    READ_BUF,
+    U32,
+    InConn,
+    OutConn,
+    Transfer,
+    hello,
+)
 
-_HEAD = struct.Struct("<Qq")
-_U32 = struct.Struct("<I")
-_GOODBYE = (1 << 64) - 1
+__all__ = ["P2P", "SPIN_S", "Transfer"]
+
 _IN = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
-#: Per connection: frames up to this size (head included) are read whole into it.
-_READ_BUF = 64 << 10
 #: How long a wait spins (non-blocking passes) before it blocks in ``poll``, when every
 #: rank of the host has a core: longer than the lane's, since a reply comes only after
 #: the peer's whole call returned and its next one started (a ``poll`` wake-up of an idle
@@ -61,60 +67,6 @@ SPIN_S = 1e-3
 _HELPER_SLICE_MS = 5
 #: How long posted ops wait for a thread of their own before the helper drives them.
 _HELPER_GRACE_S = 0.002
-
-
-class Transfer:
-    """One posted send or receive; ``done`` once its bytes moved, ``error`` if it failed.
-
-    ``owner``: what keeps ``view``'s memory alive while the op is posted, when ``view``
-    does not (a non-owning view of a tensor): a receive that outlives its wait (a
-    timeout) may still be written into."""
-
-    __slots__ = ("done", "error", "length", "owner", "peer", "tag", "view")
-
-    def __init__(self, peer: int, tag: int, view: memoryview, owner: object = None) -> None:
-        self.peer = peer
-        self.tag = tag
-        self.view = view
-        self.owner = owner
-        self.length = len(view)
-        self.done = False
-        self.error: BaseException | None = None
-
-
-class _Out:
-    """This rank's connection to one peer, and the sends queued on it."""
-
-    __slots__ = ("parts", "queue", "sock")
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.queue: collections.deque[Transfer] = collections.deque()
-        self.parts: list[memoryview | bytes] = []  # the head send's unsent bytes
-
-
-class _In:
-    """A connection from one peer: its read buffer, and the large frame being read.
-
-    ``buf[start:end]`` holds bytes read but not yet parsed.  ``into`` is set while a
-    frame too large for the buffer is read straight into ``target`` (``got`` bytes in):
-    its receive, or a new ``bytearray`` when none is posted yet."""
-
-    __slots__ = ("buf", "end", "eof", "got", "into", "mv", "peer", "said", "sock", "start", "tag", "target")
-
-    def __init__(self, sock: socket.socket, peer: int) -> None:
-        self.sock = sock
-        self.peer = peer
-        self.buf = bytearray(_READ_BUF)
-        self.mv = memoryview(self.buf)
-        self.start = 0
-        self.end = 0
-        self.into: Transfer | bytearray | None = None
-        self.target = self.mv
-        self.got = 0
-        self.tag = 0
-        self.eof = False
-        self.said: str | None = None
 
 
 class P2P:
@@ -134,8 +86,8 @@ class P2P:
         self._token = token
         self._address_of = address_of
         self.spin_s = spin_s
-        self._outs: dict[int, _Out] = {}
-        self._ins: dict[int, _In] = {}  # by fd
+        self._outs: dict[int, OutConn] = {}
+        self._ins: dict[int, InConn] = {}  # by fd
         self._posted: dict[int, collections.deque[Transfer]] = collections.defaultdict(
             collections.deque
         )
@@ -157,9 +109,7 @@ class P2P:
         self._readable.register(listener, select.POLLIN)
 
     # -- posting (any thread) --------------------------------------------------------------
-    def post_send(
-        self, peer: int, tag: int, view: memoryview, owner: object = None
-    ) -> Transfer:
+    def post_send(self, peer: int, tag: int, view: memoryview, owner: object = None) -> Transfer:
         op = Transfer(peer, tag, view, owner)
         out = self._outs.get(peer)
         if out is None:
@@ -167,7 +117,7 @@ class P2P:
                 out = self._outs.get(peer)
                 if out is None:
                     try:
-                        out = self._outs[peer] = _Out(self._dial(peer))
+                        out = self._outs[peer] = OutConn(self._dial(peer))
                     except OSError:  # refused or reset: the peer's listener is gone
                         op.error, op.done = LanePeerGone(peer, None), True
                         return op
@@ -190,10 +140,10 @@ class P2P:
             self._pending += 1
         return op
 
-    def _send_now(self, out: _Out, op: Transfer) -> bool:
+    def _send_now(self, out: OutConn, op: Transfer) -> bool:
         """Send ``op`` on ``out`` (queue empty, driver held): whether it is done (sent or
         failed); otherwise ``out.parts`` holds what is left of it, for ``_send_all``."""
-        parts: list[memoryview | bytes] = [_HEAD.pack(op.length, op.tag)]
+        parts: list[memoryview | bytes] = [HEAD.pack(op.length, op.tag)]
         if op.length:
             parts.append(op.view)
         left = send_some(out.sock, parts)
@@ -207,9 +157,7 @@ class P2P:
         out.parts = [] if left is parts else left  # nothing sent: _send_all starts over
         return False
 
-    def post_recv(
-        self, peer: int, tag: int, view: memoryview, owner: object = None
-    ) -> Transfer:
+    def post_recv(self, peer: int, tag: int, view: memoryview, owner: object = None) -> Transfer:
         op = Transfer(peer, tag, view, owner)
         with self._lock:
             early = self._early.get(peer)
@@ -362,7 +310,7 @@ class P2P:
             while out.queue:
                 op = out.queue[0]
                 if not out.parts:
-                    out.parts = [_HEAD.pack(op.length, op.tag)]
+                    out.parts = [HEAD.pack(op.length, op.tag)]
                     if op.length:
                         out.parts.append(op.view)
                 left = send_some(out.sock, out.parts)
@@ -382,7 +330,7 @@ class P2P:
                     self._pending -= 1
         return moved
 
-    def _broken(self, peer: int, out: _Out) -> None:
+    def _broken(self, peer: int, out: OutConn) -> None:
         """Sending to ``peer`` failed: fail every send queued for it."""
         gone = LanePeerGone(peer, None)
         with self._lock:
@@ -400,16 +348,16 @@ class P2P:
                 return
             except OSError:
                 return
-            peer = _hello(conn, self._token)
+            peer = hello(conn, self._token)
             if peer is None:
                 conn.close()  # not one of ours
                 continue
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.setblocking(False)
-            self._ins[conn.fileno()] = _In(conn, peer)
+            self._ins[conn.fileno()] = InConn(conn, peer)
             self._readable.register(conn, _IN)
 
-    def _read(self, conn: _In) -> bool:
+    def _read(self, conn: InConn) -> bool:
         """Read what ``conn`` has and deliver every whole frame; whether anything came.
         Stops at the first short ``recv`` (drained): no ``EAGAIN`` on the common path."""
         moved = False
@@ -430,11 +378,11 @@ class P2P:
                 continue
             if conn.start == conn.end:
                 conn.start = conn.end = 0
-            elif conn.end == _READ_BUF:  # a partial frame at the end: move it to the front
+            elif conn.end == READ_BUF:  # a partial frame at the end: move it to the front
                 left = conn.end - conn.start
                 conn.buf[:left] = conn.mv[conn.start : conn.end]
                 conn.start, conn.end = 0, left
-            want = _READ_BUF - conn.end
+            want = READ_BUF - conn.end
             n = self._recv(conn, conn.mv[conn.end :])
             if n <= 0:
                 return moved
@@ -445,7 +393,7 @@ class P2P:
                 return moved
         return moved
 
-    def _recv(self, conn: _In, into: memoryview) -> int:
+    def _recv(self, conn: InConn, into: memoryview) -> int:
         """``recv_into``: the bytes read; 0 if none are there (``EAGAIN``), -1 when the
         connection ended (then ``_lost`` has run)."""
         try:
@@ -459,45 +407,45 @@ class P2P:
             return -1
         return n
 
-    def _parse(self, conn: _In) -> None:
+    def _parse(self, conn: InConn) -> None:
         """Deliver every whole frame of ``conn``'s buffer; start reading a large one."""
         buf, mv = conn.buf, conn.mv
         while True:
             start, avail = conn.start, conn.end - conn.start
-            if avail < _HEAD.size:
+            if avail < HEAD.size:
                 return
-            length, tag = _HEAD.unpack_from(buf, start)
-            if length == _GOODBYE:
+            length, tag = HEAD.unpack_from(buf, start)
+            if length == GOODBYE:
                 self._goodbye_frame(conn)
                 return
-            whole = _HEAD.size + length
+            whole = HEAD.size + length
             if whole <= avail:  # the common case: the whole frame is here
-                body = start + _HEAD.size
+                body = start + HEAD.size
                 conn.start = start + whole
                 self._arrived_bytes(conn.peer, tag, mv[body : body + length])
                 continue
-            if whole <= _READ_BUF:  # fits: wait for the rest of it in the buffer
+            if whole <= READ_BUF:  # fits: wait for the rest of it in the buffer
                 return
             # Larger than the buffer: what is here, then the rest straight into place.
-            have = avail - _HEAD.size
+            have = avail - HEAD.size
             with self._lock:
                 op = self._match_size(conn.peer, tag, length)
             target = op.view if op is not None else memoryview(bytearray(length))
-            target[:have] = mv[start + _HEAD.size : conn.end]
+            target[:have] = mv[start + HEAD.size : conn.end]
             conn.start = conn.end = 0
             conn.into = op if op is not None else target.obj  # type: ignore[assignment]
             conn.target, conn.got, conn.tag = target, have, tag
             return
 
-    def _goodbye_frame(self, conn: _In) -> None:
+    def _goodbye_frame(self, conn: InConn) -> None:
         """A goodbye at the head of ``conn``'s buffer: once its text is in, lose ``conn``
         with it (a text longer than the buffer is cut)."""
         start, avail = conn.start, conn.end - conn.start
-        text_at = start + _HEAD.size + _U32.size
-        if avail < _HEAD.size + _U32.size:
+        text_at = start + HEAD.size + U32.size
+        if avail < HEAD.size + U32.size:
             return
-        (n,) = _U32.unpack_from(conn.buf, start + _HEAD.size)
-        n = min(n, 4096, _READ_BUF - _HEAD.size - _U32.size)
+        (n,) = U32.unpack_from(conn.buf, start + HEAD.size)
+        n = min(n, 4096, READ_BUF - HEAD.size - U32.size)
         if conn.end - text_at < n:
             return
         conn.said = bytes(conn.mv[text_at : text_at + n]).decode(errors="replace")
@@ -556,7 +504,7 @@ class P2P:
                     return op
         return None
 
-    def _lost(self, conn: _In) -> None:
+    def _lost(self, conn: InConn) -> None:
         """``conn``'s peer said goodbye or its connection ended: fail what waits on it."""
         conn.eof = True
         with contextlib.suppress(KeyError, ValueError):
@@ -579,7 +527,7 @@ class P2P:
             return
         self._said = True
         data = text.encode()
-        frame = _HEAD.pack(_GOODBYE, 0) + _U32.pack(len(data)) + data
+        frame = HEAD.pack(GOODBYE, 0) + U32.pack(len(data)) + data
         for out in self._outs.values():
             if not out.parts:
                 with contextlib.suppress(OSError):
@@ -620,30 +568,3 @@ def _deliver(op: Transfer, data: bytearray | memoryview) -> None:
     elif op.length:
         op.view[:] = data
     op.done = True
-
-
-def _hello(conn: socket.socket, token: str) -> int | None:
-    """The rank of a dialling peer (``HI token rank``), or None if it is not one.  Reads
-    exactly the line: the peer's first message may follow it in the same segment."""
-    conn.settimeout(2.0)
-    try:
-        while True:
-            data = conn.recv(128, socket.MSG_PEEK)
-            if not data:
-                return None
-            end = data.find(b"\n")
-            if end >= 0:
-                data = conn.recv(end + 1)
-                break
-            if len(data) >= 128:
-                return None
-            time.sleep(0.001)
-    except OSError:
-        return None
-    words = data.decode(errors="replace").split()
-    if len(words) != 3 or words[0] != "HI" or words[1] != token:
-        return None
-    try:
-        return int(words[2])
-    except ValueError:
-        return None

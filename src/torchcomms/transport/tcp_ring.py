@@ -213,6 +213,8 @@ class Ring:
                 parts = left or []  # broken (None) counts as sent: the receive side says who
             while stage != 3:
                 if got < len(target):
+                    if idle_since and inbox.start == inbox.end and not rd.poller.poll(0):
+                        break  # spinning: ask ``poll`` (0.7 us), not a failing ``recv`` (3 us)
                     n = inbox.read_into(target[got:])
                     if n < 0:
                         raise LanePeerGone(peer, None)
