@@ -180,6 +180,7 @@ class ShmChannel:
             (layout.rank_flag(r, DOORBELL) + _ASLEEP, layout.rank_flag(r, DOORBELL) + _BELL)
             for r in self._peers
         ]
+        self._bells_of = dict(zip(self._peers, self._peer_bells, strict=True))
         self.all_meta = [[layout.rank_flag(r, META0 + p) for r in range(self.size)] for p in (0, 1)]
         # The checked word of each parity (``write_fingerprint``) sits in the PUBLISHED
         # line, words 1 and 2: a peer reads that line anyway, so checking costs no extra
@@ -306,6 +307,21 @@ class ShmChannel:
             if flags[asleep]:
                 flags[bell] += 1
                 futex.wake(self._base + bell * 8)
+
+    def ring_rank(self, rank: int) -> None:
+        """``ring`` for a flag only ``rank`` waits for (a point-to-point ring's): waking
+        every sleeping peer would let ranks with nothing to do take the cores that the
+        pair needs, each time (4 ranks on 2 cores: 150-230 us per message)."""
+        flags = self.flags
+        _fence_lock.acquire()
+        _fence_lock.release()
+        bells = self._bells_of.get(rank)  # (none for this rank itself)
+        if bells is None:
+            return
+        asleep, bell = bells
+        if flags[asleep]:
+            flags[bell] += 1
+            futex.wake(self._base + bell * 8)
 
     def wait_all(
         self, k: int, deadline: Deadline, fingerprint: Fingerprint | None = None, what: str = ""

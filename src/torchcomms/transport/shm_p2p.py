@@ -163,7 +163,7 @@ class ShmP2P:
             flags[meta] = n
             flags[meta + 1] = _NO_TAG
             flags[sent] = i
-            self._chan.ring()
+            self._chan.ring_rank(peer)
             self._sent[peer] = i
         return True
 
@@ -211,7 +211,7 @@ class ShmP2P:
             off = off1 if odd else off0
             data[:] = self._bytes[off : off + n]
             flags[acked] = i
-            chan.ring()
+            chan.ring_rank(peer)
             self._got[peer] = i
         return True
 
@@ -285,7 +285,7 @@ class ShmP2P:
             flags[meta] = t.nbytes
             flags[meta + 1] = t.tag
             flags[layout.pair_flag(me, peer, SENT)] = i
-            chan.ring()
+            chan.ring_rank(peer)
             self._sent[peer] = i
             t.done += n
         return True
@@ -314,7 +314,7 @@ class ShmP2P:
                 chan.view(layout.pair_offset(peer, me, parity), _BYTE, (n,), (1,))
             )
             flags[layout.pair_flag(peer, me, ACKED)] = i
-            chan.ring()
+            chan.ring_rank(peer)
             self._got[peer] = i
             t.done += n
             if t.done == t.nbytes:
