@@ -201,8 +201,11 @@ def listen_p2p(
 ) -> tcp_p2p.P2P:
     """This rank's point-to-point engine (``transport.tcp_p2p``) on ``listener``; peers
     (their gathered ``entries``) are dialled on first use."""
-    spin_s = 0.0 if WaitPolicy(len(local) + 1).oversubscribed else tcp_p2p.SPIN_S
-    return tcp_p2p.P2P(rank, listener.sock, listener.token, _dialable(entries), spin_s)
+    policy = WaitPolicy(len(local) + 1)
+    # Ranks sharing cores: no spin (it would hold a peer's core), but yield for as long
+    # as an shm wait does before sleeping in ``poll``.
+    spin_s, yield_s = (0.0, policy.yield_s) if policy.oversubscribed else (tcp_p2p.SPIN_S, 0.0)
+    return tcp_p2p.P2P(rank, listener.sock, listener.token, _dialable(entries), spin_s, yield_s)
 
 
 def connect_lane(

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import select
 import socket
 import threading
@@ -79,6 +80,7 @@ class P2P:
         token: str,
         address_of: Callable[[int], tuple[str, int, str]],
         spin_s: float = 0.0,
+        yield_s: float = 0.0,
     ) -> None:
         self.rank = rank
         self._listener = listener
@@ -86,6 +88,10 @@ class P2P:
         self._token = token
         self._address_of = address_of
         self.spin_s = spin_s
+        #: After the spin: how long passes alternate with ``sched_yield`` before a wait
+        #: blocks in ``poll`` (ranks sharing cores: a peer on this core runs at once, and a
+        #: reply does not pay a sleeping process's wake-up).
+        self.yield_s = yield_s
         self._outs: dict[int, OutConn] = {}
         self._ins: dict[int, InConn] = {}  # by fd
         self._posted: dict[int, collections.deque[Transfer]] = collections.defaultdict(
@@ -216,7 +222,8 @@ class P2P:
                     self._wake.notify()
 
     def _drive_slice(self, ops: list[Transfer], between: Callable[[], None]) -> None:
-        """(driver) Spin while ``spin_s`` allows, then block in ``poll`` for one slice."""
+        """(driver) Spin while ``spin_s`` allows, yield while ``yield_s`` allows, then
+        block in ``poll`` for one slice."""
         idle_since = 0.0
         while True:
             moved = self._progress(0)
@@ -228,10 +235,15 @@ class P2P:
             now = time.perf_counter()
             if not idle_since:
                 idle_since = now
-            if now - idle_since >= self.spin_s:
-                if not self._progress(SLICE_MS):
-                    between()
-                return
+            idle = now - idle_since
+            if idle < self.spin_s:
+                continue
+            if idle < self.spin_s + self.yield_s:
+                os.sched_yield()
+                continue
+            if not self._progress(SLICE_MS):
+                between()
+            return
 
     def kick(self) -> None:
         """After posting: if no thread comes to wait for the ops, the helper drives them."""
