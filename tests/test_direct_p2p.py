@@ -19,15 +19,13 @@ still work through ``post``, in order:
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 
 import pytest
 import torch
 
 from tests.harness import RankContext, run_ranks
-from torchcomms import CommError, new_comm
-
-CPU = torch.device("cpu")
+from tests.test_lane import _comm
+from torchcomms import CommError
 
 
 def _payload(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -38,14 +36,7 @@ def _payload(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
 
 
 def _direct(ctx: RankContext, transport: str) -> dict[str, object]:
-    comm = new_comm(
-        "gloo",
-        CPU,
-        name=f"direct-{transport}",
-        store=ctx.store,
-        timeout=timedelta(seconds=30),
-        hints={"transport": transport},
-    )
+    comm = _comm(ctx, f"direct-{transport}", transport)
     rank, peer = comm.get_rank(), 1 - comm.get_rank()
     ops = comm.get_backend_impl()._ops  # type: ignore[attr-defined]
     chunk = ops.p2p._chunk if transport == "shm" else 8192

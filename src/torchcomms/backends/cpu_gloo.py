@@ -65,6 +65,15 @@ _NOTHING = torch.empty(0)
 _NO_BYTES = memoryview(bytearray())
 
 
+def _received(tensor: torch.Tensor, staged: torch.Tensor) -> None:
+    """A receive into ``staged`` is done: into ``tensor`` if it was a copy, else (written
+    through a byte view) the autograd version bumped, as an in-place op would."""
+    if staged is not tensor:
+        tensor.copy_(staged.view(tensor.shape))
+    else:
+        mark_written((staged,))
+
+
 def _premultiply(tensor: torch.Tensor, op: ReduceOp) -> None:
     if op.type is RedOpType.PREMUL_SUM:
         tensor.mul_(op.factor_value())
@@ -533,10 +542,7 @@ class GlooOps(CpuOps):
             except LanePeerGone as gone:
                 raise waiter.gone(gone, what) from None
         if not sending:
-            if staged is not tensor:
-                tensor.copy_(staged.view(tensor.shape))
-            else:  # written through a byte view: as an in-place op would
-                mark_written((staged,))
+            _received(tensor, staged)
 
     def _tag(self, op: P2POp, user_tag: int | None) -> int:
         if user_tag is not None:
@@ -577,9 +583,6 @@ class GlooOps(CpuOps):
                 raise waiter.gone(gone, what) from None
             for op, _, staged in posted:
                 if op.type is P2POpType.RECV:
-                    if staged is not op.tensor:
-                        op.tensor.copy_(staged.view(op.tensor.shape))
-                    else:  # written through a byte view: as an in-place op would
-                        mark_written((staged,))
+                    _received(op.tensor, staged)
 
         return complete

@@ -50,6 +50,8 @@ _NO_TAG = -1
 #: As ``shm_oneshot.TIGHT_CHECKS``: inline flag reads (~0.05 us each) before the wait loop.
 _TIGHT_CHECKS = 64
 _BYTE = torch.uint8
+#: A pair ring's ACKED, SENT, meta lines (parity 0, 1) and slot offsets (parity 0, 1).
+_Lines = tuple[int, int, int, int, int, int]
 
 
 class Transfer:
@@ -93,7 +95,7 @@ class ShmP2P:
         chan.idle = self._progress_in_background
         self._bytes = chan.flags.cast("B")  # the whole segment, for the direct path
         #: Per peer, for the direct path: flag indices and slot offsets of both pair rings.
-        self._direct: dict[int, tuple[int, ...]] = {}
+        self._direct: dict[int, tuple[_Lines, _Lines]] = {}
         #: Inline flag checks of ``recv_now`` before the channel's wait loop (shm_oneshot).
         policy = chan.policy
         self._tight_checks = 0 if policy.oversubscribed or policy.spins <= 0 else _TIGHT_CHECKS
@@ -120,27 +122,25 @@ class ShmP2P:
         return t
 
     # -- the direct path (the module docstring) -------------------------------------------------
-    def _direct_of(self, peer: int) -> tuple[int, ...]:
-        """Outgoing ACKED, SENT, meta lines and slot offsets (per parity), then the incoming
-        ones, for ``peer``."""
+    def _direct_of(self, peer: int) -> tuple[_Lines, _Lines]:
+        """The pair ring to ``peer`` and the one from it (``_lines``), for the direct path."""
         d = self._direct.get(peer)
         if d is None:
-            layout, me = self._chan.layout, self._chan.rank
-            d = self._direct[peer] = (
-                layout.pair_flag(me, peer, ACKED),
-                layout.pair_flag(me, peer, SENT),
-                layout.pair_flag(me, peer, PMETA0),
-                layout.pair_flag(me, peer, PMETA0 + 1),
-                layout.pair_offset(me, peer, 0),
-                layout.pair_offset(me, peer, 1),
-                layout.pair_flag(peer, me, ACKED),
-                layout.pair_flag(peer, me, SENT),
-                layout.pair_flag(peer, me, PMETA0),
-                layout.pair_flag(peer, me, PMETA0 + 1),
-                layout.pair_offset(peer, me, 0),
-                layout.pair_offset(peer, me, 1),
-            )
+            me = self._chan.rank
+            d = self._direct[peer] = (self._lines(me, peer), self._lines(peer, me))
         return d
+
+    def _lines(self, src: int, dst: int) -> _Lines:
+        """ACKED, SENT, both meta lines and both slot offsets of the ring ``src -> dst``."""
+        layout = self._chan.layout
+        return (
+            layout.pair_flag(src, dst, ACKED),
+            layout.pair_flag(src, dst, SENT),
+            layout.pair_flag(src, dst, PMETA0),
+            layout.pair_flag(src, dst, PMETA0 + 1),
+            layout.pair_offset(src, dst, 0),
+            layout.pair_offset(src, dst, 1),
+        )
 
     def send_now(self, peer: int, data: memoryview) -> bool:
         """Write one untagged message of at most a chunk into the pair ring now, if no send
@@ -149,7 +149,7 @@ class ShmP2P:
         if n > self._chunk:
             return False
         flags = self._chan.flags
-        acked, sent, meta0, meta1, off0, off1 = self._direct_of(peer)[:6]
+        acked, sent, meta0, meta1, off0, off1 = self._direct_of(peer)[0]
         with self._lock:
             if self._sends.get(peer):
                 return False
@@ -184,7 +184,7 @@ class ShmP2P:
             ):
                 return False
             i = self._got[peer] + 1
-        acked, sent, meta0, meta1, off0, off1 = self._direct_of(peer)[6:]
+        acked, sent, meta0, meta1, off0, off1 = self._direct_of(peer)[1]
         chan = self._chan
         flags = chan.flags
         if flags[sent] < i:
