@@ -11,6 +11,7 @@ still work through ``post``, in order:
 * a message that arrived before its receive, and a sender three messages ahead of its
   receiver (a full ring on shm: the third send waits in ``post``);
 * async sends and receives posted around sync ones: issue order is kept;
+* a tagged message ahead of an untagged sync receive is set aside for its own receive;
 * a receive of the wrong size fails naming both sizes, and nothing is written;
 * a receive bumps the tensor's autograd version, as an in-place op would;
 * on shm, the direct path really took messages on both ranks, so the cases above test it.
@@ -102,6 +103,21 @@ def _direct(ctx: RankContext, transport: str) -> dict[str, object]:
         for name, got, want in (("a", ga, a), ("b", gb, b), ("c", gc, c)):
             if not torch.equal(got, want):
                 bad.append(f"order {name}")
+    # 3b. A tagged message ahead of an untagged one: the direct receive leaves it in the
+    # ring (its tag is not for it), the general path sets it aside, the tagged receive
+    # takes it after.
+    tagged, plain = _payload(5, torch.float32, 300), _payload(5, torch.float32, 301)
+    if rank == 0:
+        w = comm.send(tagged, peer, True, hints={"tag": "7"})
+        comm.send(plain, peer, False)
+        w.wait()
+    else:
+        time.sleep(0.2)  # both messages are in the ring before the receive
+        got_plain, got_tagged = torch.zeros(5), torch.zeros(5)  # one size: the tag decides
+        comm.recv(got_plain, peer, False)
+        comm.recv(got_tagged, peer, False, hints={"tag": "7"})
+        if not (torch.equal(got_plain, plain) and torch.equal(got_tagged, tagged)):
+            bad.append("tagged ahead of untagged")
     # 4. The autograd version moves on a receive.
     t = torch.zeros(4)
     before = t._version
