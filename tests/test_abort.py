@@ -37,7 +37,7 @@ from torchcomms import (
     new_comm,
 )
 from torchcomms.comm_core import ABORT_EXIT_CODE
-from torchcomms.transport.shm_segment import process_alive
+from torchcomms.transport.procs import process_alive
 
 CPU = torch.device("cpu")
 SUM = ReduceOp.SUM

@@ -33,7 +33,7 @@ import torch
 from tests import harness
 from tests.harness import RankContext, RankFailure, run_ranks
 from torchcomms import ReduceOp, TorchComm, new_comm
-from torchcomms.backends import cpu_transport
+from torchcomms.backends.cpu import select
 from torchcomms.errors import CommError, CommTimeoutError
 
 CPU = torch.device("cpu")
@@ -240,13 +240,13 @@ def _rank0_leaves_mid_connect(ctx: RankContext) -> dict[str, Any]:
     os.environ["TORCHCOMM_HOST_ID"] = f"simulated-host-{ctx.rank}"
     hints = {"transport": "shm"} if ctx.rank == 0 else {}
     if ctx.rank == 1:
-        opened = cpu_transport.open_transport
+        opened = select.open_transport
 
         def late(*args: Any, **kwargs: Any) -> Any:
             time.sleep(1.0)
             return opened(*args, **kwargs)
 
-        cpu_transport.open_transport = late  # type: ignore[assignment]
+        select.open_transport = late  # type: ignore[assignment]
     start = time.monotonic()
     with pytest.raises(Exception) as info:
         new_comm("gloo", CPU, name="leaves", store=ctx.store, timeout=OK_TIMEOUT, hints=hints)
@@ -276,7 +276,7 @@ def _rank0_dies_mid_connect(ctx: RankContext) -> None:
     too (so both know each other's pid), while rank 1, held back one second, still has
     store waits ahead.  (Dying earlier, while rank 1 still reads the identities, rank 0
     cannot be told dead from gone: that is the ``CommError`` case above.)"""
-    opened = cpu_transport.open_transport
+    opened = select.open_transport
 
     def step(*args: Any, **kwargs: Any) -> Any:
         if ctx.rank == 0:
@@ -286,7 +286,7 @@ def _rank0_dies_mid_connect(ctx: RankContext) -> None:
         time.sleep(1.0)
         return opened(*args, **kwargs)
 
-    cpu_transport.open_transport = step  # type: ignore[assignment]
+    select.open_transport = step  # type: ignore[assignment]
     new_comm("gloo", CPU, name="dies", store=ctx.store, timeout=OK_TIMEOUT)
     raise AssertionError("new_comm returned with rank 0 dead")
 

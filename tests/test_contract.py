@@ -21,11 +21,11 @@ import torch
 
 from torchcomms import CommOptions, ReduceOp, TorchCommBackend, new_comm, register_backend
 from torchcomms.backends.contract import CommBackend
-from torchcomms.backends.cpu import TorchCommGloo
-from torchcomms.backends.cpu_gloo import GlooOps
-from torchcomms.backends.cpu_hier import HierOps
-from torchcomms.backends.cpu_ops import CpuOps
-from torchcomms.backends.cpu_shm import ShmOps
+from torchcomms.backends.cpu.backend import TorchCommGloo
+from torchcomms.backends.cpu.hier import HierOps
+from torchcomms.backends.cpu.ops import CpuOps
+from torchcomms.backends.cpu.shm.ops import ShmOps
+from torchcomms.backends.cpu.tcp.ops import TcpOps
 from torchcomms.backends.fake import TorchCommFake
 from torchcomms.backends.plugin import PluginBackend
 from torchcomms.errors import (
@@ -45,7 +45,7 @@ def test_every_backend_and_transport_implements_the_whole_interface() -> None:
     for cls in (TorchCommGloo, TorchCommFake, PluginBackend):
         assert issubclass(cls, CommBackend) and issubclass(cls, TorchCommBackend)
         assert not inspect.isabstract(cls), (cls, sorted(cls.__abstractmethods__))
-    for ops_cls in (GlooOps, ShmOps, HierOps):
+    for ops_cls in (TcpOps, ShmOps, HierOps):
         assert issubclass(ops_cls, CpuOps)
         assert not inspect.isabstract(ops_cls), (ops_cls, sorted(ops_cls.__abstractmethods__))
     # Each abstract op of the contract is one the reference lists for TorchComm.

@@ -7,7 +7,7 @@
   the lane and sees the op, its removal reopens it, and a handle does not keep its
   communicator alive; a plug-in's sync op that finishes only in ``wait()`` (or fails
   there) completes its record then.
-* The one-round collectives with numpy (``shm_oneshot``, ``host_arrays``): all_reduce,
+* The one-round collectives with numpy (``cpu.shm.oneshot``, ``host_arrays``): all_reduce,
   reduce and broadcast on every dtype numpy takes and SUM/MAX/MIN, on both sides of the
   numpy size limit, on 2 and 3 ranks: exact results, the same bits on every rank, the
   autograd version bumped like an in-place torch op, inputs that are slices of a larger
@@ -29,7 +29,7 @@ from tests.harness import RankContext, run_ranks
 from tests.reference import rank_data, reduce_ref
 from tests.test_api import DummyPyBackend, _Waitable
 from torchcomms import CollectiveMismatchError, ReduceOp, TorchComm, new_comm, register_backend
-from torchcomms.backends import host_arrays
+from torchcomms.backends.cpu import host_arrays
 from torchcomms.hooks import fr
 from torchcomms.oprecord import OpRecord, SyncRecord
 

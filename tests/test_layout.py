@@ -1,5 +1,8 @@
 """The package's shape, read from the source: no import cycles, layers in order, small modules.
 
+The package rules each ``__init__`` docstring states (``backends/__init__.py``,
+``backends/cpu/__init__.py``, ``transport/__init__.py``, ...) are checked here.
+
 Every ``torchcomms`` import counts, including those under ``if TYPE_CHECKING:`` and
 inside functions: a cycle hidden in a function is still a cycle in the design.
 """
@@ -109,7 +112,7 @@ def _under(module: str, prefixes: tuple[str, ...]) -> bool:
 
 def test_no_import_cycles() -> None:
     graph = _graph()
-    assert "torchcomms.comm" in graph and "torchcomms.backends.cpu" in graph
+    assert "torchcomms.comm" in graph and "torchcomms.backends.cpu.backend" in graph
     assert _cycles(graph) == []
 
 
@@ -137,3 +140,117 @@ def test_layers_import_downwards_only() -> None:
 def test_no_module_over_the_size_limit() -> None:
     sizes = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
     assert {n: s for n, s in sizes.items() if s > MAX_LINES} == {}
+
+
+#: What ``transport`` may import outside itself: the leaf core modules.
+_TRANSPORT_MAY_IMPORT = (
+    "torchcomms.transport",
+    "torchcomms.config",
+    "torchcomms.deadline",
+    "torchcomms.fingerprint",
+    "torchcomms.types",
+)
+#: Packages that must not import each other (either direction), and one-way bans.
+_APART = (
+    ("torchcomms.backends.cpu.shm", "torchcomms.backends.cpu.tcp"),
+    ("torchcomms.transport.shm", "torchcomms.transport.tcp"),
+    ("torchcomms.transport.shm", "torchcomms.transport.gloo"),
+    ("torchcomms.transport.tcp", "torchcomms.transport.gloo"),
+)
+_NEVER = {
+    "torchcomms.backends.cpu.window": (
+        "torchcomms.backends.cpu.shm",
+        "torchcomms.backends.cpu.tcp",
+        "torchcomms.backends.cpu.recovery",
+    ),
+    "torchcomms.backends.cpu.recovery": (
+        "torchcomms.backends.cpu.shm",
+        "torchcomms.backends.cpu.tcp",
+        "torchcomms.backends.cpu.window",
+    ),
+    "torchcomms.transport.window": ("torchcomms.transport.tcp", "torchcomms.transport.gloo"),
+}
+#: The CPU backend's top-level modules that may reach into its transport sub-packages.
+_CPU_CHOOSERS = {
+    "torchcomms.backends.cpu.backend",
+    "torchcomms.backends.cpu.select",
+    "torchcomms.backends.cpu.hier",
+}
+_CPU_SUBPACKAGES = tuple(
+    f"torchcomms.backends.cpu.{p}" for p in ("shm", "tcp", "window", "recovery")
+)
+
+
+def test_transport_imports_only_itself_and_leaf_modules() -> None:
+    wrong = [
+        f"{module} -> {target}"
+        for module, imported in sorted(_graph().items())
+        if _under(module, ("torchcomms.transport",))
+        for target in sorted(imported)
+        if not _under(target, _TRANSPORT_MAY_IMPORT)
+    ]
+    assert wrong == []
+
+
+def test_sibling_packages_stay_apart() -> None:
+    graph = _graph()
+    wrong = []
+    for module, imported in sorted(graph.items()):
+        for target in sorted(imported):
+            for a, b in _APART:
+                if (_under(module, (a,)) and _under(target, (b,))) or (
+                    _under(module, (b,)) and _under(target, (a,))
+                ):
+                    wrong.append(f"{module} -> {target}")
+            for package, banned in _NEVER.items():
+                if _under(module, (package,)) and _under(target, banned):
+                    wrong.append(f"{module} -> {target}")
+    assert wrong == []
+
+
+def test_only_the_cpu_choosers_reach_into_its_sub_packages() -> None:
+    # ``hier`` is the one ops class that delegates to both transports; ``select`` picks one;
+    # ``backend`` owns the result.  The shared modules (dispatch, ops, staging, ...) stay below.
+    graph = _graph()
+    wrong = [
+        f"{module} -> {target}"
+        for module, imported in sorted(graph.items())
+        if module.startswith("torchcomms.backends.cpu.")
+        and not _under(module, _CPU_SUBPACKAGES)
+        and module not in _CPU_CHOOSERS
+        for target in sorted(imported)
+        if _under(target, _CPU_SUBPACKAGES)
+    ]
+    assert wrong == []
+    assert graph["torchcomms.backends.cpu.hier"] & {
+        "torchcomms.backends.cpu.shm.ops",
+        "torchcomms.backends.cpu.tcp.ops",
+    } == {"torchcomms.backends.cpu.shm.ops", "torchcomms.backends.cpu.tcp.ops"}
+
+
+def test_every_package_says_what_it_owns_and_may_import() -> None:
+    silent = []
+    for name, path in sorted(_modules().items()):
+        if path.name != "__init__.py" or not _under(
+            name, ("torchcomms.backends", "torchcomms.transport", "torchcomms._c10d")
+        ):
+            continue
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        if "import" not in doc.lower():
+            silent.append(name)
+    assert silent == []
+
+
+def test_public_names_are_public_and_importable() -> None:
+    import torchcomms
+
+    assert [n for n in torchcomms.__all__ if n.startswith("_")] == []
+    assert [n for n in torchcomms.__all__ if not hasattr(torchcomms, n)] == []
+    assert {"AbortReason", "AbortInfo", "BackendNotImplementedError"} <= set(torchcomms.__all__)
+    # The public import paths stay where users find them.
+    import torchcomms.bench
+    import torchcomms.device_mesh
+    import torchcomms.functional
+    import torchcomms.hooks
+    import torchcomms.objcol
+    import torchcomms.tools

@@ -16,8 +16,8 @@ import time
 import torch.distributed as dist
 
 from torchcomms import store_counts
-from torchcomms.backends import cpu_liveness
-from torchcomms.backends.cpu_liveness import Liveness, publish_period_s
+from torchcomms.backends.cpu.tcp import liveness
+from torchcomms.backends.cpu.tcp.liveness import Liveness, publish_period_s
 
 PERIOD_S = 0.02
 BUSY_S = 1.2
@@ -43,12 +43,12 @@ def test_publishes_per_member_are_bounded_by_the_period_stretched_at_scale() -> 
     assert small_period == PERIOD_S
     # About one per period (the watcher's own wakeups may stretch it, never shrink it).
     assert 0.5 * BUSY_S / small_period <= small_sets <= BUSY_S / small_period + 1, small_sets
-    size = int(cpu_liveness.PUBLISH_BUDGET_PER_S * 0.1)  # a period of 0.1 s
+    size = int(liveness.PUBLISH_BUDGET_PER_S * 0.1)  # a period of 0.1 s
     big_sets, big_period = _sets_while_busy(size)
-    assert big_period == size / cpu_liveness.PUBLISH_BUDGET_PER_S > PERIOD_S
+    assert big_period == size / liveness.PUBLISH_BUDGET_PER_S > PERIOD_S
     assert 1 <= big_sets <= BUSY_S / big_period + 1, big_sets
     # The comm as a whole stays within the budget (per second, while ops run).
-    assert big_sets * size / BUSY_S <= cpu_liveness.PUBLISH_BUDGET_PER_S * 1.1
+    assert big_sets * size / BUSY_S <= liveness.PUBLISH_BUDGET_PER_S * 1.1
 
 
 def test_missing_names_the_members_behind_with_one_read_when_all_published() -> None:

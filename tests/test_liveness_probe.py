@@ -1,4 +1,4 @@
-"""``liveness_probe``: a remote member is dead only when its listener says so.
+"""``cpu.tcp.probe``: a remote member is dead only when its listener says so.
 
 Real listeners in real processes: a live ring member answers ``PING``; a listener whose
 process is stopped (SIGSTOP) or merely busy holds the connection and counts as alive;
@@ -22,10 +22,10 @@ import time
 
 import torch.distributed as dist
 
-from torchcomms.backends.cpu_liveness import Liveness
-from torchcomms.backends.gloo_waits import GlooWaiter
-from torchcomms.backends.liveness_probe import probe
-from torchcomms.transport.tcp_lane import LanePeerGone
+from torchcomms.backends.cpu.tcp.liveness import Liveness
+from torchcomms.backends.cpu.tcp.probe import probe
+from torchcomms.backends.cpu.tcp.waits import GlooWaiter
+from torchcomms.transport.tcp.lane import LanePeerGone
 
 _SILENT_LISTENER = (
     "import socket, sys, time\n"

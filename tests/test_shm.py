@@ -55,7 +55,7 @@ from torchcomms import (
     TorchWork,
     new_comm,
 )
-from torchcomms.transport import shm_segment
+from torchcomms.transport.shm import segment as shm_segment
 
 CPU = torch.device("cpu")
 
@@ -1057,8 +1057,8 @@ def test_bad_sizes_wait_policy_segments_and_platform_raise_clear_errors(
 ) -> None:
     """Single-process checks of every set-up error the transport can raise, by type and text."""
     from torchcomms import config
-    from torchcomms.backends import cpu_shm
-    from torchcomms.transport.shm_channel import Layout
+    from torchcomms.backends.cpu.shm import ops as shm_ops
+    from torchcomms.transport.shm.channel import Layout
     from torchcomms.transport.wait_policy import WaitPolicy
 
     # Byte counts: units accepted, garbage and negatives refused with the setting's name.
@@ -1095,8 +1095,8 @@ def test_bad_sizes_wait_policy_segments_and_platform_raise_clear_errors(
     assert not os.path.exists(os.path.join(shm_segment.SHM_DIR, name))
 
     # A machine without x86 store ordering: auto falls back to gloo, forced shm says why.
-    monkeypatch.setattr(cpu_shm.platform, "machine", lambda: "aarch64")
-    assert cpu_shm.unsupported_reason() == (
+    monkeypatch.setattr(shm_ops.platform, "machine", lambda: "aarch64")
+    assert shm_ops.unsupported_reason() == (
         "the shm transport relies on x86 store ordering; this machine is aarch64"
     )
     monkeypatch.setenv("TORCHCOMM_RANK", "0")

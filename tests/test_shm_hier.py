@@ -51,7 +51,7 @@ from torchcomms import (
     config,
     new_comm,
 )
-from torchcomms.backends import cpu_hier
+from torchcomms.backends.cpu import hier
 
 CPU = torch.device("cpu")
 TIMEOUT = 120.0
@@ -167,15 +167,15 @@ def check_all_reduce(
 # ------------------------------------------------------------------------- placement
 def test_topology_groups_members_by_host_in_order_of_first_appearance() -> None:
     peers = [("b", 10), ("a", 11), ("b", 12), ("a", 13), ("b", 14)]
-    topo = cpu_hier.topology(peers, 3)
+    topo = hier.topology(peers, 3)
     assert topo.hosts == ((0, 2, 4), (1, 3))
     assert (topo.host, topo.local_rank, topo.local_size, topo.even) == (1, 1, 2, False)
     assert topo.cross_members(0) == [0, 1]
     assert topo.cross_members(2) == [4]
-    assert cpu_hier.topology(peers[:4], 2).even
-    assert cpu_hier.wanted(peers)
-    assert not cpu_hier.wanted([("a", 1), ("b", 2)])  # one member per host: plain gloo
-    assert not cpu_hier.wanted([("a", 1), ("a", 2)])  # one host: shm
+    assert hier.topology(peers[:4], 2).even
+    assert hier.wanted(peers)
+    assert not hier.wanted([("a", 1), ("b", 2)])  # one member per host: plain gloo
+    assert not hier.wanted([("a", 1), ("a", 2)])  # one host: shm
 
 
 def test_switch_size_hint_and_env(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -280,7 +280,7 @@ def _send_recv_dtypes(ctx: RankContext) -> int:
     return checked
 
 
-#: The default placement (shm on this host) and the tcp path (``transport/tcp_p2p.py``).
+#: The default placement (shm on this host) and the tcp path (``transport/tcp/p2p.py``).
 P2P_TRANSPORTS = [
     pytest.param({}, id="auto"),
     pytest.param({"TORCHCOMM_TRANSPORT": "tcp"}, id="tcp"),

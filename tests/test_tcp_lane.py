@@ -1,4 +1,4 @@
-"""The tcp path's lane (``transport/tcp_lane.py``): real sockets between real processes.
+"""The tcp path's lane (``transport/tcp/lane.py``): real sockets between real processes.
 
 * Bruck's all_gather at worlds 1-4 (not only powers of two) with blocks of different
   lengths, many times over the same connections, byte for byte.
@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 
 from tests.harness import RankContext, RankFailure, run_ranks
-from torchcomms.transport import tcp_lane
+from torchcomms.transport.tcp import lane as tcp_lane
 
 CAP = 64
 
 
 def _connect(ctx: RankContext, timeout_s: float = 20.0) -> tcp_lane.Lane:
-    """A lane over the task's store, the way ``cpu_transport.connect_lane`` builds one."""
+    """A lane over the task's store, the way ``cpu.select.connect_lane`` builds one."""
     store = ctx.store
     listener = tcp_lane.listen("127.0.0.1")
     token = f"tok{ctx.rank}"

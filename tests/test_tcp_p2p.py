@@ -1,4 +1,4 @@
-"""The tcp path's point-to-point engine (``transport/tcp_p2p.py``): real sockets, real
+"""The tcp path's point-to-point engine (``transport/tcp/p2p.py``): real sockets, real
 processes.
 
 * Tags match in order per pair; a message that arrives before its receive waits, one
@@ -30,10 +30,12 @@ import torch
 
 from tests.harness import RankContext, RankFailure, run_ranks
 from torchcomms import ReduceOp, new_comm
-from torchcomms.transport import tcp_lane, tcp_p2p, tcp_p2p_wire
-from torchcomms.transport.tcp_lane import LanePeerGone, LaneProtocolError
-from torchcomms.transport.tcp_p2p import P2P, Transfer
-from torchcomms.transport.tcp_ring import as_bytes
+from torchcomms.transport.tcp import lane as tcp_lane
+from torchcomms.transport.tcp import p2p as tcp_p2p
+from torchcomms.transport.tcp import wire
+from torchcomms.transport.tcp.lane import LanePeerGone, LaneProtocolError
+from torchcomms.transport.tcp.p2p import P2P, Transfer
+from torchcomms.transport.tcp.ring import as_bytes
 
 
 def _engine(ctx: RankContext) -> P2P:
@@ -333,7 +335,7 @@ def _write_in_pieces(raw: socket.socket, data: bytes, sizes: list[int]) -> threa
 @pytest.mark.parametrize("cut", ["bytewise", "random", "whole"])
 def test_frames_cut_anywhere_arrive_whole_and_in_order(cut: str) -> None:
     rng = random.Random(7)
-    big = tcp_p2p_wire.READ_BUF  # larger than the buffer: read straight into place
+    big = wire.READ_BUF  # larger than the buffer: read straight into place
     sizes = [0, 1, 8, 100, 4096, big - 16, big - 15, big + 1, 3 * big + 5, 16, 7, 0, 65]
     if cut == "bytewise":
         sizes = [s for s in sizes if s < 300]  # a byte at a time: keep it short

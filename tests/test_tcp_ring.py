@@ -1,4 +1,4 @@
-"""The tcp path's large collectives on the lane's ring (``backends/gloo_ring_ops.py``).
+"""The tcp path's large collectives on the lane's ring (``backends/cpu/tcp/ring_ops.py``).
 
 Real processes over real sockets (``TORCHCOMM_TRANSPORT=tcp``), past the inline limit:
 

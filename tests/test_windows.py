@@ -44,9 +44,9 @@ from torchcomms import (
     new_comm,
 )
 from torchcomms._comms import NewWindowPreHookArgs
-from torchcomms.transport import window_tcp
-from torchcomms.transport.window_mem import WindowMemory
-from torchcomms.transport.window_tcp import WindowServer
+from torchcomms.transport.window import tcp as window_tcp
+from torchcomms.transport.window.memory import WindowMemory
+from torchcomms.transport.window.tcp import WindowServer
 
 CPU = torch.device("cpu")
 UNIFIED = TorchCommWinAccessType.WIN_ACCESS_TYPE_UNIFIED

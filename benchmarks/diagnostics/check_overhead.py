@@ -44,7 +44,7 @@ VARIANTS = (*STATES, "same")
 def _check_switch(comm: Any) -> Any:
     """The object whose ``check`` attribute turns the mismatch check of ``comm`` on/off."""
     ops = comm._backend._ops
-    return getattr(ops, "coll", ops)  # shm: its ShmCollectives; tcp: the GlooOps
+    return getattr(ops, "coll", ops)  # shm: its ShmCollectives; tcp: the TcpOps
 
 
 def _worker(
@@ -60,7 +60,7 @@ def _worker(
     os.environ.update(TORCHCOMM_RANK=str(rank), TORCHCOMM_SIZE=str(size))
     torch.set_num_threads(1)
     import torchcomms
-    from torchcomms.transport import gloo
+    from torchcomms.transport.gloo import process_group as gloo
 
     store = dist.FileStore(path, size)
     timeout = datetime.timedelta(seconds=120)

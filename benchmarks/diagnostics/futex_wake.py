@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from torchcomms.transport import futex
+from torchcomms.transport.shm import futex
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from torchcomms.transport import futex
+from torchcomms.transport.shm import futex
 
 ROUNDS = 2000
 

@@ -1,4 +1,4 @@
-"""The tcp point-to-point engine alone (``transport/tcp_p2p``): one-way latency of a
+"""The tcp point-to-point engine alone (``transport/tcp/p2p``): one-way latency of a
 2-rank ping-pong of 8-byte messages, without the TorchComm and backend layers.
 
     python benchmarks/diagnostics/p2p_pingpong.py [--calls 2000]
@@ -20,9 +20,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from torchcomms.transport import tcp_lane
-from torchcomms.transport.tcp_p2p import P2P
-from torchcomms.transport.tcp_ring import as_bytes
+from torchcomms.transport.tcp import lane as tcp_lane
+from torchcomms.transport.tcp.p2p import P2P
+from torchcomms.transport.tcp.ring import as_bytes
 
 
 def _rank(rank: int, port: int, spin_s: float, calls: int, q: mp.SimpleQueue) -> None:

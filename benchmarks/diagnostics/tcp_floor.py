@@ -9,7 +9,7 @@ Rows (each round runs every row once, so a slow phase of the machine hits them a
 * ``socket, spinning recv``: the same with ``MSG_DONTWAIT`` reads in a loop (what a
   waiter that spins pays at least);
 * ``gloo send/recv``: ``ProcessGroupGloo.send/recv(...).wait()``, the bench's baseline;
-* ``engine``: ``transport/tcp_p2p.P2P`` alone (post and wait, default spin);
+* ``engine``: ``transport/tcp/p2p.P2P`` alone (post and wait, default spin);
 * ``TorchComm send/recv``: a comm on ``TORCHCOMM_TRANSPORT=tcp``, sync ``send``/``recv``.
 
 Prints the median and best one-way time over the rounds, in microseconds.
@@ -58,7 +58,7 @@ def child(calls: int, rounds: int, json_path: str | None) -> None:
     import torch.distributed as dist
 
     import torchcomms
-    from torchcomms.transport.tcp_ring import as_bytes
+    from torchcomms.transport.tcp.ring import as_bytes
 
     rank = int(os.environ["TORCHCOMM_RANK"])
     peer = 1 - rank

@@ -32,14 +32,19 @@ from torchcomms._comms import (
     TorchCommWindowAttr,
     TorchWork,
     WorkStatus,
-    _is_backend_registered,
-    _load_backend,
     built_backends,
     is_backend_built,
     new_comm,
     register_backend,
 )
+from torchcomms._comms import (
+    _is_backend_registered as _is_backend_registered,  # upstream has them; not in __all__
+)
+from torchcomms._comms import (
+    _load_backend as _load_backend,
+)
 from torchcomms.errors import (
+    BackendNotImplementedError,
     CollectiveMismatchError,
     CommAbortedError,
     CommError,
@@ -49,12 +54,16 @@ from torchcomms.errors import (
     CommValidationError,
     PeerFailureError,
 )
+from torchcomms.types import AbortInfo, AbortReason
 
 functional._install_if_enabled()
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AbortInfo",
+    "AbortReason",
+    "BackendNotImplementedError",
     "BatchP2POptions",
     "BatchSendRecv",
     "CollectiveMismatchError",
@@ -80,8 +89,6 @@ __all__ = [
     "TorchCommWindowAttr",
     "TorchWork",
     "WorkStatus",
-    "_is_backend_registered",
-    "_load_backend",
     "built_backends",
     "functional",
     "hooks",

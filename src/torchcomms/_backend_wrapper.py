@@ -7,13 +7,13 @@ then uses the wrapper as the process group itself, and every c10d call (the Pyth
 DDP's reducer, FSDP2, DTensor's functional collectives through the C++ dispatcher) lands on
 a method below that maps it to the comm (reference §8.1).
 
-Modules: this one holds the process group (and its ``options``); ``_c10d_work`` the c10d
-``Work`` it returns (``_WorkWrapper``), ``_c10d_args`` the conversions from c10d's calling
+Modules: this one holds the process group (and its ``options``); ``_c10d.work`` the c10d
+``Work`` it returns (``_WorkWrapper``), ``_c10d.args`` the conversions from c10d's calling
 conventions (reduce ops, options objects, tensor lists).  Their names are importable here.
 
 Import rule: PyTorch imports this module while ``torch.distributed`` is half-initialised,
 so at module level it imports only ``torch``, ``torch._C._distributed_c10d``, the stdlib
-and torchcomms modules that obey the same rule (``_c10d_args``, ``_c10d_work``, ``comm``,
+and torchcomms modules that obey the same rule (``_c10d.args``, ``_c10d.work``, ``comm``,
 ``work``).
 
 Concurrency: each c10d call is issued on the calling thread, in call order, like any
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch._C import _distributed_c10d as c10d
 
-from torchcomms._c10d_args import (
+from torchcomms._c10d.args import (
     _aliased,
     _c10d_op,
     _even_splits,
@@ -44,7 +44,7 @@ from torchcomms._c10d_args import (
     _single_list,
     _tag,
 )
-from torchcomms._c10d_work import _WorkWrapper
+from torchcomms._c10d.work import _WorkWrapper
 from torchcomms.comm import BatchSendRecv, TorchComm
 from torchcomms.work import TorchWork
 
@@ -116,8 +116,10 @@ class _BackendWrapper(c10d.ProcessGroup):
     def shrink(
         self, ranks_to_exclude: list[int], shrink_flags: int = 0, opts_override: Any = None
     ) -> c10d.Backend:
-        """``dist.shrink_group``: a c10d gloo backend over the survivors (``_c10d_shrink``)."""
-        from torchcomms import _c10d_shrink  # at call time: torch.distributed is whole
+        """``dist.shrink_group``: a c10d gloo backend over the survivors (``_c10d.shrink``)."""
+        from torchcomms._c10d import (
+            shrink as _c10d_shrink,  # at call time: torch.distributed is whole
+        )
 
         return _c10d_shrink.shrink(self._comm, list(ranks_to_exclude), int(shrink_flags))
 
@@ -460,7 +462,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         self, timeout: timedelta | None = None, wait_all_ranks: bool = False
     ) -> None:
         """gloo's debugging barrier: rank 0 names the ranks that did not arrive in time."""
-        from torchcomms._monitored_barrier import monitored_barrier
+        from torchcomms._c10d.monitored_barrier import monitored_barrier
 
         monitored_barrier(self._comm, timeout or self._default_timeout, wait_all_ranks)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torchcomms.backends.cpu import TorchCommGloo
+from torchcomms.backends.cpu.backend import TorchCommGloo
 from torchcomms.registry import register_backend
 
 register_backend("gloo", TorchCommGloo)

@@ -55,7 +55,8 @@ from torchcomms import config
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError, CommTimeoutError, PeerFailureError
 from torchcomms.store_counts import CountingStore
-from torchcomms.transport.gloo import underlying_tcp_host
+from torchcomms.transport.errors import ranks_text
+from torchcomms.transport.gloo.process_group import underlying_tcp_host
 from torchcomms.transport.listen import listen_socket
 
 logger = logging.getLogger("torchcomms.bootstrap")
@@ -319,15 +320,12 @@ def _wait_keys(
     if not missing:  # everything arrived just as the wait gave up
         return
     error = CommTimeoutError(
-        f"{where}: {_plural(missing)} {never} within {_seconds(deadline)} "
+        f"{where}: {ranks_text(missing, 'rank')} {never} within {_seconds(deadline)} "
         f"(missing: {', '.join(keys[r] for r in missing)})"
     )
     error.ranks = tuple(missing)
     raise error from wait_error
 
-
-def _plural(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
 
 def _forget_frames(exc: BaseException) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
+from torchcomms.transport.errors import ranks_text
 from torchcomms.types import RedOpType, ReduceOp
 
 OP_NAMES = (
@@ -158,11 +159,7 @@ def mismatch(
     majority = ordered[0][1]
     differing = sorted(r for r in names if r not in majority)
     parts = [
-        f"{_ranks(sorted(rs))} {'passed ' if i == 0 else ''}{key}={v}"
+        f"{ranks_text(rs, 'rank')} {'passed ' if i == 0 else ''}{key}={v}"
         for i, (v, rs) in enumerate(reversed(ordered))
     ]
     return differing, ", ".join(parts)
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"

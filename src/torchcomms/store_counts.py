@@ -6,7 +6,7 @@ ours and gloo's (its C++ calls reach a Python store too), adds to this process's
 ``COUNTS``: operations by kind and bytes each way.  ``check`` is how waits poll here,
 so it is counted apart from the operations that move keys, and so is ``liveness``: the
 liveness watcher's periodic publish of its sequence number (``seq/{rank}``), a load per
-second (bounded in ``cpu_liveness``) that lands inside whatever window is measured only
+second (bounded in ``cpu.tcp.liveness``) that lands inside whatever window is measured only
 when a period happens to end in it.  Off (the default), nothing is wrapped and nothing
 is counted.
 
@@ -28,7 +28,7 @@ import torch._C._distributed_c10d as c10d
 #: Operations by kind (``set``, ``get``, ``check``, ...) plus ``bytes_out`` / ``bytes_in``.
 COUNTS: Counter[str] = Counter()
 _lock = threading.Lock()
-#: The liveness watcher's publish (``cpu_liveness``), under whatever prefixes.
+#: The liveness watcher's publish (``cpu.tcp.liveness``), under whatever prefixes.
 _LIVENESS_KEY = re.compile(r"(^|/)seq/\d+$")
 _alive: list[CountingStore] = []
 

@@ -93,7 +93,7 @@ def _mismatch_cases(me: int, world: int) -> dict[str, Callable[[TorchComm], dict
         return o
 
     def large_root(c: TorchComm) -> dict[str, Any]:
-        # 1 MiB: the tcp path's broadcast chain (``gloo_ring_ops``); rank 1 says it is root.
+        # 1 MiB: the tcp path's broadcast chain (``cpu.tcp.ring_ops``); rank 1 says it is root.
         t = torch.full((131072,), me, dtype=torch.int64)
         return outcome(lambda: c.broadcast(t, 1 if odd else 0, False))
 

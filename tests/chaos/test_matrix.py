@@ -34,7 +34,7 @@ OPS = (
 DEAD_BOUND_S = 3.0
 
 
-#: Ops that run on the tcp path's ring past the inline limit (``gloo_ring_ops``).
+#: Ops that run on the tcp path's ring past the inline limit (``cpu.tcp.ring_ops``).
 RING_OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
 
 

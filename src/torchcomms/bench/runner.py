@@ -29,7 +29,7 @@ from torchcomms import ReduceOp, TorchComm, bootstrap, config, new_comm
 from torchcomms.bench import env as envmod
 from torchcomms.bench import memprobe, metrics, report
 from torchcomms.bench.ops import DTYPES, CaseParams, OpSpec
-from torchcomms.transport import gloo
+from torchcomms.transport.gloo import process_group as gloo
 
 CORRUPT_ENV = "TORCHCOMM_BENCH_CORRUPT"  # test-only: damage one rank's checked output
 COMMAND_ENV = "TORCHCOMM_BENCH_COMMAND"  # the user's command line, passed on by the launcher

@@ -1,7 +1,7 @@
 """The ``torchcomms::`` custom ops a compiled graph calls, with their fake implementations.
 
-Every communicator operation has two ops: ``<name>_`` for ``async_op=False`` and
-``<name>_async`` for ``async_op=True``, plus ``wait_``.  Each takes the opaque
+Every communicator operation (a row of ``torchcomms.functional.table``) has two ops:
+``<name>_`` for ``async_op=False`` and ``<name>_async`` for ``async_op=True``, plus ``wait_``.  Each takes the opaque
 communicator, an *order token* and the operation's arguments flattened into schema types
 (a reduce op as ``(int type, float? factor, Tensor? factor_tensor)``, hints as two
 ``str[]``, the timeout as ``float?`` seconds, and ``call_id``, a constant naming the call
@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from torchcomms.comm import TorchComm
+from torchcomms.functional import table
 from torchcomms.types import BatchP2POptions, RedOpType, ReduceOp
 from torchcomms.work import TorchWork
 
@@ -92,98 +93,31 @@ def _batch_issue(comm: TorchComm, a: _Args, async_op: bool, kw: dict[str, Any]) 
     return batch.issue(async_op, options)
 
 
-C = TorchComm
-#: name -> (schema of the op's own arguments, eager call, indices of the mutated arguments).
-#: Every op's schema starts with ``(<comm> comm, Tensor(t!) token, `` and ends with ``_TAIL``.
-_OPS: dict[str, tuple[str, _Eager, tuple[int, ...]]] = {
-    "all_reduce_": (
-        f"Tensor(a!) tensor, {_RED}",
-        lambda c, a, s, kw: C.all_reduce(c, a[0], reduce_op(*a[1:4]), s, **kw),
-        (0,),
-    ),
-    "reduce_": (
-        f"Tensor(a!) tensor, int root, {_RED}",
-        lambda c, a, s, kw: C.reduce(c, a[0], a[1], reduce_op(*a[2:5]), s, **kw),
-        (0,),
-    ),
-    "broadcast_": (
-        "Tensor(a!) tensor, int root",
-        lambda c, a, s, kw: C.broadcast(c, a[0], a[1], s, **kw),
-        (0,),
-    ),
-    "all_gather_": (
-        "Tensor(a!)[] tensor_list, Tensor tensor",
-        lambda c, a, s, kw: C.all_gather(c, a[0], a[1], s, **kw),
-        (0,),
-    ),
-    "all_gather_v_": (
-        "Tensor(a!)[] tensor_list, Tensor tensor",
-        lambda c, a, s, kw: C.all_gather_v(c, a[0], a[1], s, **kw),
-        (0,),
-    ),
-    "all_gather_single_": (
-        "Tensor(a!) output, Tensor input",
-        lambda c, a, s, kw: C.all_gather_single(c, a[0], a[1], s, **kw),
-        (0,),
-    ),
-    "reduce_scatter_": (
-        f"Tensor(a!) output, Tensor[] input_list, {_RED}",
-        lambda c, a, s, kw: C.reduce_scatter(c, a[0], a[1], reduce_op(*a[2:5]), s, **kw),
-        (0,),
-    ),
-    "reduce_scatter_v_": (
-        f"Tensor(a!) output, Tensor[] input_list, {_RED}",
-        lambda c, a, s, kw: C.reduce_scatter_v(c, a[0], a[1], reduce_op(*a[2:5]), s, **kw),
-        (0,),
-    ),
-    "reduce_scatter_single_": (
-        f"Tensor(a!) output, Tensor input, {_RED}",
-        lambda c, a, s, kw: C.reduce_scatter_single(c, a[0], a[1], reduce_op(*a[2:5]), s, **kw),
-        (0,),
-    ),
-    "all_to_all_": (
-        "Tensor(a!)[] output_list, Tensor[] input_list",
-        lambda c, a, s, kw: C.all_to_all(c, a[0], a[1], s, **kw),
-        (0,),
-    ),
-    "all_to_all_single_": (
-        "Tensor(a!) output, Tensor input",
-        lambda c, a, s, kw: C.all_to_all_single(c, a[0], a[1], s, **kw),
-        (0,),
-    ),
-    "all_to_all_v_single_": (
-        "Tensor(a!) output, Tensor input, int[] output_split_sizes, int[] input_split_sizes",
-        lambda c, a, s, kw: C.all_to_all_v_single(c, a[0], a[1], list(a[2]), list(a[3]), s, **kw),
-        (0,),
-    ),
-    "scatter_": (
-        "Tensor(a!) output, Tensor[] input_list, int root",
-        lambda c, a, s, kw: C.scatter(c, a[0], a[1], a[2], s, **kw),
-        (0,),
-    ),
-    "gather_": (
-        "Tensor(a!)[] output_list, Tensor input, int root",
-        lambda c, a, s, kw: C.gather(c, a[0], a[1], a[2], s, **kw),
-        (0,),
-    ),
-    "gather_single_": (
-        "Tensor(a!) output, Tensor input, int root",
-        lambda c, a, s, kw: C.gather_single(c, a[0], a[1], a[2], s, **kw),
-        (0,),
-    ),
-    "send_": ("Tensor tensor, int dst", lambda c, a, s, kw: C.send(c, a[0], a[1], s, **kw), ()),
-    "recv_": (
-        "Tensor(a!) tensor, int src",
-        lambda c, a, s, kw: C.recv(c, a[0], a[1], s, **kw),
-        (0,),
-    ),
-    "barrier_": ("", lambda c, a, s, kw: C.barrier(c, s, **kw), ()),
-    "batch_issue_": (
-        "Tensor[] sends, Tensor(a!)[] recvs, bool[] is_recv, int[] peers",
-        _batch_issue,
-        (1,),
-    ),
-}
+def _unflatten(kinds: tuple[str, ...], flat: _Args) -> _Args:
+    """The eager method's arguments from the op's flattened ones (a reduce op takes three)."""
+    out: _Args = []
+    at = 0
+    for kind in kinds:
+        if kind == table.RED:
+            out.append(reduce_op(*flat[at : at + 3]))
+        elif kind == table.INTS:
+            out.append(list(flat[at]))
+        else:
+            out.append(flat[at])
+        at += table.WIDTH[kind]
+    return out
+
+
+def _eager(spec: table.OpSpec) -> _Eager:
+    """The eager call behind one row of ``table.OPS``: the communicator's own method."""
+    method = getattr(TorchComm, spec.method)
+    kinds = spec.kinds
+
+    def call(comm: TorchComm, flat: _Args, async_op: bool, kw: dict[str, Any]) -> TorchWork:
+        work: TorchWork = method(comm, *_unflatten(kinds, flat), async_op, **kw)
+        return work
+
+    return call
 
 
 class _Pending:
@@ -279,8 +213,10 @@ def define(comm_type_name: str) -> None:
         return
     lib = torch.library.Library(NAMESPACE, "DEF")
     head = f"{comm_type_name} comm, Tensor(t!) token"
-    for name, (args, eager, mutated) in _OPS.items():
-        kernel = _real(eager, mutated)
+    rows = [(spec, _eager(spec)) for spec in table.OPS] + [(table.BATCH, _batch_issue)]
+    for spec, eager in rows:
+        name, args = spec.op, spec.schema()
+        kernel = _real(eager, spec.mutated())
         # the async form writes nothing when it runs (module docstring): no "!" on its outputs
         for op, op_args in ((name, args), (async_name(name), args.replace("(a!)", ""))):
             lib.define(f"{op}({head}, {op_args + ', ' if op_args else ''}{_TAIL}) -> ()")

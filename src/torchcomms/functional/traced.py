@@ -1,8 +1,8 @@
 """What a communicator call becomes while torch.compile traces it (Dynamo inlines this).
 
-Each function here has an eager method's signature, flattens its arguments into the
-schema types of ``torchcomms.functional.ops`` and emits that op (its ``_async`` form for
-``async_op=True``).  The ops run under
+``call`` takes an eager method's arguments (one row of ``torchcomms.functional.table``),
+flattens them into the schema types of ``torchcomms.functional.ops`` and emits that op (its
+``_async`` form for ``async_op=True``).  The ops run under
 ``torch.no_grad()``: an eager call writes its outputs outside autograd (a leaf that
 requires grad may be written, a non-leaf keeps its ``grad_fn``), and so does the graph;
 gradients therefore pass through a collective and its wait as through the identity.
@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from torchcomms.comm_ops import BatchSendRecv
+from torchcomms.functional import table
 from torchcomms.functional.ops import ORDER_TOKEN, async_name
 from torchcomms.types import UNSET_BATCH_TIMEOUT, BatchP2POptions, RedOpType, ReduceOp
 from torchcomms.work import TorchWork
@@ -119,7 +120,7 @@ class TracedBatch(BatchSendRecv):
             timeout = options.timeout
         tail = _tail(async_op, hints, timeout)
         with torch.no_grad():
-            _op("batch_issue_", async_op)(
+            _op(table.BATCH.op, async_op)(
                 self._comm,
                 ORDER_TOKEN,
                 self._sends,
@@ -131,234 +132,47 @@ class TracedBatch(BatchSendRecv):
         return TracedWork(self._recvs, tail[-1])
 
 
-# -- one function per communicator op -----------------------------------------------------------
-def all_reduce(
-    comm: Any, tensor: torch.Tensor, op: ReduceOp, async_op: bool, hints: Any, timeout: Any
-) -> TracedWork:
-    tail = _tail(async_op, hints, timeout)
-    with torch.no_grad():
-        _op("all_reduce_", async_op)(comm, ORDER_TOKEN, tensor, *_red(op), *tail)
-    return TracedWork([tensor], tail[-1])
-
-
-def reduce(
+# -- every communicator op: one row of ``table.OPS`` ------------------------------------------
+def call(
+    op_name: str,
+    names: tuple[str, ...],
+    kinds: tuple[str, ...],
     comm: Any,
-    tensor: torch.Tensor,
-    root: int,
-    op: ReduceOp,
-    async_op: bool,
-    hints: Any,
-    timeout: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> TracedWork:
-    tail = _tail(async_op, hints, timeout)
+    """Emit the op of one ``table.OPS`` row for a call ``method(*args, **kwargs)``.
+
+    Binds the arguments as the eager method does (its names, then ``async_op``, ``hints=None``,
+    ``timeout=None``), flattens them into the op's schema types and returns the work whose
+    ``wait()`` emits ``wait_`` on the tensors the op writes."""
+    params = (*names, "async_op", "hints", "timeout")
+    if len(args) > len(params):
+        raise TypeError(f"{op_name[:-1]}() takes {len(params)} arguments, got {len(args)}")
+    bound = dict(zip(params, args, strict=False))
+    for key, value in kwargs.items():
+        if key not in params or key in bound:
+            raise TypeError(f"{op_name[:-1]}() got an unexpected or repeated argument {key!r}")
+        bound[key] = value
+    for name in (*names, "async_op"):
+        if name not in bound:
+            raise TypeError(f"{op_name[:-1]}() missing argument {name!r}")
+    async_op = bound["async_op"]
+    tail = _tail(async_op, bound.get("hints"), bound.get("timeout"))
+    flat: list[Any] = []
+    outputs: list[torch.Tensor] = []
+    for name, kind in zip(names, kinds, strict=False):  # equal lengths: the table
+        value = bound[name]
+        if kind == table.RED:
+            flat.extend(_red(value))
+        elif kind == table.INTS:
+            flat.append(list(value))
+        else:
+            flat.append(value)
+        if kind == table.OUT:
+            outputs.append(value)
+        elif kind == table.OUTS:
+            outputs.extend(value)
     with torch.no_grad():
-        _op("reduce_", async_op)(comm, ORDER_TOKEN, tensor, root, *_red(op), *tail)
-    return TracedWork([tensor], tail[-1])
-
-
-def broadcast(
-    comm: Any, tensor: torch.Tensor, root: int, async_op: bool, hints: Any, timeout: Any
-) -> TracedWork:
-    tail = _tail(async_op, hints, timeout)
-    with torch.no_grad():
-        _op("broadcast_", async_op)(comm, ORDER_TOKEN, tensor, root, *tail)
-    return TracedWork([tensor], tail[-1])
-
-
-def all_gather(
-    comm: Any,
-    tensor_list: list[torch.Tensor],
-    tensor: torch.Tensor,
-    async_op: bool,
-    hints: Any,
-    timeout: Any,
-) -> TracedWork:
-    tail = _tail(async_op, hints, timeout)
-    with torch.no_grad():
-        _op("all_gather_", async_op)(comm, ORDER_TOKEN, tensor_list, tensor, *tail)
-    return TracedWork(tensor_list, tail[-1])
-
-
-def all_gather_v(
-    comm: Any,
-    tensor_list: list[torch.Tensor],
-    tensor: torch.Tensor,
-    async_op: bool,
-    hints: Any,
-    timeout: Any,
-) -> TracedWork:
-    tail = _tail(async_op, hints, timeout)
-    with torch.no_grad():
-        _op("all_gather_v_", async_op)(comm, ORDER_TOKEN, tensor_list, tensor, *tail)
-    return TracedWork(tensor_list, tail[-1])
-
-
-def all_gather_single(
-    comm: Any, output: torch.Tensor, input: torch.Tensor, async_op: bool, hints: Any, timeout: Any
-) -> TracedWork:
-    tail = _tail(async_op, hints, timeout)
-    with torch.no_grad():
-        _op("all_gather_single_", async_op)(comm, ORDER_TOKEN, output, input, *tail)
-    return TracedWork([output], tail[-1])
-
-
-def reduce_scatter(
-    comm: Any,
-    output: torch.Tensor,
-    input_list: list[torch.Tensor],
-    op: ReduceOp,
-    async_op: bool,
-    hints: Any,
-    timeout: Any,
-) -> TracedWork:
-    tail = _tail(async_op, hints, timeout)
-    with torch.no_grad():
-        _op("reduce_scatter_", async_op)(comm, ORDER_TOKEN, output, input_list, *_red(op), *tail)
-    return TracedWork([output], tail[-1])
-
-
-def reduce_scatter_v(
-    comm: Any,
-    output: torch.Tensor,
-    input_list: list[torch.Tensor],
-    op: ReduceOp,
-    async_op: bool,
-    hints: Any,
-    timeout: Any,
-) -> TracedWork:
-    tail = _tail(async_op, hints, timeout)
-    with torch.no_grad():
-        _op("reduce_scatter_v_", async_op)(comm, ORDER_TOKEN, output, input_list, *_red(op), *tail)
-    return TracedWork([output], tail[-1])
-
-
-def reduce_scatter_single(
-    comm: Any,
-    output: torch.Tensor,
-    input: torch.Tensor,
-    op: ReduceOp,
-    async_op: bool,
-    hints: Any,
-    timeout: Any,
-) -> TracedWork:
-    tail = _tail(async_op, hints, timeout)
-    with torch.no_grad():
-        _op("reduce_scatter_single_", async_op)(comm, ORDER_TOKEN, output, input, *_red(op), *tail)
-    return TracedWork([output], tail[-1])
-
-
-def all_to_all(
-    comm: Any,
-    output_list: list[torch.Tensor],
-    input_list: list[torch.Tensor],
-    async_op: bool,
-    hints: Any,
-    timeout: Any,
-) -> TracedWork:
-    tail = _tail(async_op, hints, timeout)
-    with torch.no_grad():
-        _op("all_to_all_", async_op)(comm, ORDER_TOKEN, output_list, input_list, *tail)
-    return TracedWork(output_list, tail[-1])
-
-
-def all_to_all_single(
-    comm: Any, output: torch.Tensor, input: torch.Tensor, async_op: bool, hints: Any, timeout: Any
-) -> TracedWork:
-    tail = _tail(async_op, hints, timeout)
-    with torch.no_grad():
-        _op("all_to_all_single_", async_op)(comm, ORDER_TOKEN, output, input, *tail)
-    return TracedWork([output], tail[-1])
-
-
-def all_to_all_v_single(
-    comm: Any,
-    output: torch.Tensor,
-    input: torch.Tensor,
-    output_split_sizes: list[int],
-    input_split_sizes: list[int],
-    async_op: bool,
-    hints: Any,
-    timeout: Any,
-) -> TracedWork:
-    tail = _tail(async_op, hints, timeout)
-    with torch.no_grad():
-        _op("all_to_all_v_single_", async_op)(
-            comm,
-            ORDER_TOKEN,
-            output,
-            input,
-            list(output_split_sizes),
-            list(input_split_sizes),
-            *tail,
-        )
-    return TracedWork([output], tail[-1])
-
-
-def scatter(
-    comm: Any,
-    output: torch.Tensor,
-    input_list: list[torch.Tensor],
-    root: int,
-    async_op: bool,
-    hints: Any,
-    timeout: Any,
-) -> TracedWork:
-    tail = _tail(async_op, hints, timeout)
-    with torch.no_grad():
-        _op("scatter_", async_op)(comm, ORDER_TOKEN, output, input_list, root, *tail)
-    return TracedWork([output], tail[-1])
-
-
-def gather(
-    comm: Any,
-    output_list: list[torch.Tensor],
-    input: torch.Tensor,
-    root: int,
-    async_op: bool,
-    hints: Any,
-    timeout: Any,
-) -> TracedWork:
-    tail = _tail(async_op, hints, timeout)
-    with torch.no_grad():
-        _op("gather_", async_op)(comm, ORDER_TOKEN, output_list, input, root, *tail)
-    return TracedWork(output_list, tail[-1])
-
-
-def gather_single(
-    comm: Any,
-    output: torch.Tensor,
-    input: torch.Tensor,
-    root: int,
-    async_op: bool,
-    hints: Any,
-    timeout: Any,
-) -> TracedWork:
-    tail = _tail(async_op, hints, timeout)
-    with torch.no_grad():
-        _op("gather_single_", async_op)(comm, ORDER_TOKEN, output, input, root, *tail)
-    return TracedWork([output], tail[-1])
-
-
-def send(
-    comm: Any, tensor: torch.Tensor, dst: int, async_op: bool, hints: Any, timeout: Any
-) -> TracedWork:
-    tail = _tail(async_op, hints, timeout)
-    with torch.no_grad():
-        _op("send_", async_op)(comm, ORDER_TOKEN, tensor, dst, *tail)
-    return TracedWork([], tail[-1])
-
-
-def recv(
-    comm: Any, tensor: torch.Tensor, src: int, async_op: bool, hints: Any, timeout: Any
-) -> TracedWork:
-    tail = _tail(async_op, hints, timeout)
-    with torch.no_grad():
-        _op("recv_", async_op)(comm, ORDER_TOKEN, tensor, src, *tail)
-    return TracedWork([tensor], tail[-1])
-
-
-def barrier(comm: Any, async_op: bool, hints: Any, timeout: Any) -> TracedWork:
-    tail = _tail(async_op, hints, timeout)
-    with torch.no_grad():
-        _op("barrier_", async_op)(comm, ORDER_TOKEN, *tail)
-    return TracedWork([], tail[-1])
+        _op(op_name, async_op)(comm, ORDER_TOKEN, *flat, *tail)
+    return TracedWork(outputs, tail[-1])

@@ -1,0 +1,315 @@
+"""Connect-time waits that name who is missing: a rank that dies or never arrives while a
+communicator connects makes the others raise ``PeerFailureError`` or ``CommTimeoutError``
+naming it, never a raw c10d ``DistStoreError`` after the full timeout.
+
+* ``wait_keys``: wait for store keys, each written by a known rank, in short slices;
+  between slices check whether a writer's process is gone (members on this host, once
+  identities are known) and the deadline.
+* ``guarded``: run a blocking connect (a ``ProcessGroupGloo`` constructor, which blocks in
+  C++ until every pair is connected) on a helper thread while the caller checks the same
+  things; a connect left behind by a failure ends at gloo's own timeout.
+
+Runs on the thread that creates the communicator.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from typing import TypeVar
+
+import torch._C._distributed_c10d as c10d
+import torch.distributed
+
+from torchcomms.deadline import Deadline
+from torchcomms.errors import CommError, CommTimeoutError, PeerFailureError
+from torchcomms.transport.errors import ranks_text
+from torchcomms.transport.procs import process_alive
+
+logger = logging.getLogger("torchcomms.backends.cpu.connect")
+
+T = TypeVar("T")
+
+_SLICE = timedelta(milliseconds=50)
+#: The longest pause between two ``check`` polls of a connect-time wait.
+_POLL_MAX_S = 0.05
+
+
+def connect_prefix(name: str, rank: int) -> str:
+    """How connect-time errors begin: ``[TorchCommGloo comm=NAME rank=R] new_comm: ``."""
+    return f"[TorchCommGloo comm={name} rank={rank}] new_comm: "
+
+
+def check_dead(local_pids: Mapping[int, int], ranks: Sequence[int], prefix: str, what: str) -> None:
+    dead = [r for r in ranks if r in local_pids and not process_alive(local_pids[r])]
+    if dead:
+        error = PeerFailureError(f"{prefix}{ranks_text(dead)} died (process gone) during {what}")
+        error.ranks = error.dead_ranks = tuple(dead)
+        raise error
+
+
+def wait_keys(
+    store: c10d.Store,
+    keys: Mapping[str, int],
+    deadline: Deadline,
+    local_pids: Mapping[int, int],
+    prefix: str,
+    what: str,
+    verdict: str | None = None,
+) -> None:
+    """Wait until every key exists; ``keys[k]`` is the rank that writes ``k``.
+
+    Each poll is one ``check`` of every key (one round trip, whatever their number); only
+    a wait that times out checks them one by one, to name the ranks still missing.
+    Between polls, a writer whose process is gone (on this host) is named at once.
+    ``verdict``: a key where rank 0 may publish that connecting failed
+    (``publish_failure``); if it does, raise its verdict instead of waiting on.
+    """
+    names = list(keys)
+    writers = sorted(set(keys.values()))
+    pause = 0.001
+    # Poll with ``check``: a timed ``wait`` that expires makes c10d log a warning.
+    while not store.check(names):
+        check_dead(local_pids, writers, prefix, what)
+        if verdict is not None:
+            check_verdict(store, verdict, prefix, what)
+        if deadline.passed():
+            missing = sorted({keys[k] for k in names if not store.check([k])})
+            if not missing:
+                return
+            raise timed_out(prefix, deadline, what, missing, "never arrived")
+        time.sleep(min(pause, max(deadline.left_s(), 0.0)))
+        pause = min(pause * 2, _POLL_MAX_S)
+
+
+def gather(
+    store: c10d.Store,
+    key: str,
+    rank: int,
+    size: int,
+    value: str,
+    deadline: Deadline,
+    local_pids: Mapping[int, int],
+    prefix: str,
+    what: str,
+) -> list[str]:
+    """Every member's ``value``, in comm rank order, on every member; also a rendezvous.
+
+    The members set ``key/{rank}``; rank 0 waits for them all (polls of one ``check``),
+    reads them in one ``multi_get`` and publishes the list as one value, ``key/all`` (or,
+    if a member never arrives or dies, whom it blames: ``publish_failure``); the members
+    wait for that and read it.  So O(1) store round trips per rank, rank 0 included,
+    besides the polls; the bytes rank 0 reads and everyone reads back are O(N).
+    """
+    if size == 1:
+        return [value]
+    if rank == 0:
+        keys = {f"{key}/{r}": r for r in range(1, size)}
+        try:
+            wait_keys(store, keys, deadline, local_pids, prefix, what)
+        except CommError as exc:
+            publish_failure(store, f"{key}/all", exc)
+            raise
+        values = [value] + [bytes(v).decode() for v in store.multi_get(list(keys))]
+        store.set(f"{key}/all", "ok " + json.dumps(values))
+        return values
+    store.set(f"{key}/{rank}", value)
+    wait_keys(store, {f"{key}/all": 0}, deadline, local_pids, prefix, what)
+    published = store.get(f"{key}/all").decode()
+    if not published.startswith("ok "):
+        raise failure_from(published, prefix, what)
+    values = json.loads(published[3:])
+    return [str(v) for v in values]
+
+
+def store_lost(
+    exc: BaseException, name: str, rank: int, peers: Sequence[tuple[str, int]]
+) -> CommError | None:
+    """What a member raises instead of ``exc``, which ended its connect, if ``exc`` is
+    c10d's raw "connection closed" from the comm's store (served by rank 0); else None.
+
+    That store goes away when rank 0's ``new_comm`` fails, so the other members read it as
+    rank 0 dying (when its process is gone, on this host) or leaving.
+    """
+    if rank == 0 or not isinstance(exc, torch.distributed.DistNetworkError):
+        return None
+    prefix = connect_prefix(name, rank)
+    what = "the connect"
+    try:
+        check_dead(local_pids(peers, rank) if peers else {}, [0], prefix, what)
+    except PeerFailureError as dead:
+        return dead
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    error = CommError(
+        f"{prefix}the store served by rank 0 stopped answering during {what} ({first}): "
+        "rank 0 failed or left new_comm; its own error says why"
+    )
+    error.ranks = (0,)
+    return error
+
+
+def timed_out(
+    prefix: str, deadline: Deadline, what: str, ranks: Sequence[int], verb: str
+) -> CommTimeoutError:
+    """The connect-time timeout: ``… timed out after T s in WHAT: peer rank 2 VERB``."""
+    error = CommTimeoutError(
+        f"{prefix}timed out after {deadline.timeout.total_seconds():g} s in {what}: "
+        f"{ranks_text(ranks)} {verb}"
+    )
+    error.ranks = tuple(ranks)
+    return error
+
+
+def guarded(
+    connect: Callable[[], T],
+    deadline: Deadline,
+    local_pids: Mapping[int, int],
+    ranks: Sequence[int],
+    prefix: str,
+    what: str,
+) -> T:
+    """``connect()`` on a helper thread; raise if one of ``ranks`` dies or time runs out."""
+    done = threading.Event()
+    box: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            box.append(connect())
+        except BaseException as exc:  # handed to the caller
+            failure.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="torchcomms-connect", daemon=True).start()
+    while not done.wait(_SLICE.total_seconds()):
+        check_dead(local_pids, ranks, prefix, what)
+        if deadline.passed(1.0):  # gloo's own timeout (the same budget) comes first
+            error = CommTimeoutError(
+                f"{prefix}timed out after {deadline.timeout.total_seconds():g} s in {what}"
+            )
+            error.ranks = tuple(ranks)
+            raise error
+    if failure:
+        check_dead(local_pids, ranks, prefix, what)  # a peer's death explains the failure
+        raise failure[0]
+    return box[0]
+
+
+def publish_failure(store: c10d.Store, key: str, error: CommError) -> None:
+    """Rank 0 gave up a connect step because of ``error``: say whom it blames, under ``key``."""
+    kind = "dead" if isinstance(error, PeerFailureError) else "timeout"
+    store.set(key, f"{kind} {','.join(map(str, error.ranks))}")
+
+
+def check_verdict(store: c10d.Store, key: str, prefix: str, what: str) -> None:
+    """Raise rank 0's published failure (``publish_failure``) under ``key``, if any."""
+    if store.check([key]):
+        verdict = store.get(key).decode()
+        if verdict != "ok":
+            raise failure_from(verdict, prefix, what)
+
+
+def failure_from(verdict: str, prefix: str, what: str) -> CommError:
+    """The error a member raises on rank 0's published failure (``publish_failure``)."""
+    kind, _, listed = verdict.partition(" ")
+    ranks = tuple(int(r) for r in listed.split(",") if r)
+    text = ranks_text(ranks)
+    error: CommError
+    if kind == "dead":
+        error = PeerFailureError(f"{prefix}{text} died (process gone) during {what}")
+        error.dead_ranks = ranks
+    else:
+        error = CommTimeoutError(f"{prefix}{text} never finished {what} (rank 0 says)")
+    error.ranks = ranks
+    return error
+
+
+def rendezvous(
+    store: c10d.Store,
+    key: str,
+    rank: int,
+    size: int,
+    deadline: Deadline,
+    local_pids: Mapping[int, int],
+    prefix: str,
+    what: str,
+    ack: bool = False,
+) -> None:
+    """Every member reached this step, or every member raises naming who did not.
+
+    Rank 0 waits for every member's ``key/{rank}`` (a dead local member is named at once)
+    and publishes the verdict under ``key/all``; the others wait for it: O(1) store round
+    trips for them, O(N) checks for rank 0.  ``ack``: the members count themselves in
+    ``key/seen`` once they read the verdict (``members_detached`` waits for that).
+    """
+    if size == 1:
+        return
+    store.set(f"{key}/{rank}", "1")
+    if rank == 0:
+        try:
+            wait_keys(
+                store, {f"{key}/{r}": r for r in range(size)}, deadline, local_pids, prefix, what
+            )
+        except CommError as exc:
+            publish_failure(store, f"{key}/all", exc)
+            raise
+        store.set(f"{key}/all", "ok")
+        return
+    wait_keys(store, {f"{key}/all": 0}, deadline, local_pids, prefix, what)
+    verdict = store.get(f"{key}/all").decode()
+    if verdict != "ok":
+        raise failure_from(verdict, prefix, what)
+    if ack:
+        store.add(f"{key}/seen", 1)
+
+
+#: How long rank 0's finalize waits for members still reading the connect verdict.
+DETACH_WAIT_S = 2.0
+
+
+def members_detached(
+    store: c10d.Store, key: str, size: int, within_s: float = DETACH_WAIT_S
+) -> bool:
+    """Whether every other member acknowledged ``key`` (``rendezvous(ack=True)``), waiting
+    up to ``within_s``.  Rank 0's ``finalize`` calls it: rank 0 serves the comm's store, and
+    after ``new_comm`` then ``finalize`` at once, leaving first cut off members still
+    reading the verdict."""
+    if size <= 1:
+        return True
+    end = time.monotonic() + within_s
+    while True:
+        try:
+            if store.add(f"{key}/seen", 0) >= size - 1:
+                return True
+        except Exception:  # the store is gone already: nobody can be reading it
+            return True
+        if time.monotonic() >= end:
+            logger.debug("finalize: not every member acknowledged %s", key)
+            return False
+        time.sleep(0.001)
+
+
+def exchange_identities(
+    store: c10d.Store, rank: int, size: int, identity: str, deadline: Deadline, prefix: str
+) -> list[tuple[str, int]]:
+    """Every member's (host identity, pid), in comm rank order, through the store
+    (``gather``: O(1) store round trips per rank, O(N) in total)."""
+    mine = f"{identity}\n{os.getpid()}"
+    values = gather(store, "host", rank, size, mine, deadline, {}, prefix, "the identity exchange")
+    peers = []
+    for value in values:
+        host, _, pid = value.rpartition("\n")
+        peers.append((host, int(pid)))
+    return peers
+
+
+def local_pids(peers: Sequence[tuple[str, int]], rank: int) -> dict[int, int]:
+    """Comm rank -> pid of the other members on ``rank``'s host (their deaths are visible)."""
+    me = peers[rank][0]
+    return {r: pid for r, (host, pid) in enumerate(peers) if host == me and r != rank}

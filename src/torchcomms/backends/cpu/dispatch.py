@@ -1,0 +1,300 @@
+"""``CpuDispatch``: every op of the CPU backend as one dispatch to its transport.
+
+Each method picks the connected transport's ``CpuOps`` (``_transport``) and hands the op,
+as a body taking its deadline, to the backend's execution plumbing (``_run``: issue
+order, sync inline or async on the executor, error typing).  ``TorchCommGloo`` provides
+both; this class holds nothing of its own.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from torchcomms.backends.cpu.ops import Completion, CpuOps
+from torchcomms.deadline import Deadline
+from torchcomms.errors import CommStateError, CommValidationError
+from torchcomms.executor import OpExecutor
+from torchcomms.state import CommState, CommStatus
+from torchcomms.types import OpOptions, P2POp, P2POpType, ReduceOp
+from torchcomms.work import CompletedWork, TorchWork
+
+#: One op's work on a transport, called as ``body(*args, deadline)`` (a ``CpuOps`` method
+#: and the op's arguments: no closure per op); it may leave a completion.
+OpBody = Callable[..., "Completion | None"]
+
+_READY = CommState.READY
+_is_grad_enabled = torch.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
+
+
+def _tag_hint(hints: dict[str, str]) -> int | None:
+    raw = hints.get("tag")
+    if raw is None:
+        return None
+    try:
+        tag = int(raw)
+    except ValueError:
+        raise CommValidationError(f"send/recv hint 'tag' must be an integer, got {raw!r}") from None
+    if tag < 0:
+        raise CommValidationError(f"send/recv hint 'tag' must be >= 0, got {tag}")
+    return tag
+
+
+class CpuDispatch(abc.ABC):
+    """The op methods of ``TorchCommGloo`` (see the module docstring)."""
+
+    @abc.abstractmethod
+    def _transport(self) -> CpuOps: ...
+
+    @abc.abstractmethod
+    def _run(
+        self,
+        opts: OpOptions,
+        async_op: bool,
+        body: OpBody,
+        args: tuple[Any, ...] = (),
+        peers: Sequence[int] = (),
+    ) -> TorchWork: ...
+
+    @abc.abstractmethod
+    def _prefix(self, opts: OpOptions) -> str: ...
+
+    @abc.abstractmethod
+    def _translate(
+        self, exc: BaseException, opts: OpOptions, peers: Sequence[int]
+    ) -> BaseException: ...
+
+    # The connected transport's ops, the executor that keeps issue order (None until
+    # connected), the comm's state and its check (``CommBackend.check_usable``):
+    # TorchCommGloo's.  Annotations only: nothing here shadows them.
+    check_usable: Callable[[str], None]
+    _ops: CpuOps | None
+    _executor: OpExecutor | None
+    _status: CommStatus
+
+    def _run_sync(
+        self,
+        opts: OpOptions,
+        body: OpBody,
+        args: tuple[Any, ...],
+        peers: Sequence[int] = (),
+        grad_free: bool = False,
+    ) -> TorchWork:
+        """``_run`` of a sync op: ``body(*args, deadline)`` inline, on the caller's thread,
+        after any async op still queued (issue order), outside autograd (as in c10d: no
+        graph, in-place writes to leaves allowed).  The hot ops call it directly.
+
+        ``grad_free``: the caller checked that no tensor of the op requires grad, so
+        autograd records nothing whatever its mode; the mode is then left alone (switching
+        it off and on costs 0.3 us, a sixth of this layer on a small op)."""
+        executor = self._executor
+        if executor is None:
+            raise CommStateError(self._prefix(opts) + "TorchCommGloo not initialized")
+        if executor._unfinished:
+            executor.drain(opts.timeout.total_seconds())
+        if self._status.state is not _READY:
+            self.check_usable(self._prefix(opts))
+        grad = not grad_free and _is_grad_enabled()
+        if grad:
+            _set_grad_enabled(False)
+        try:
+            completion = body(*args, Deadline(opts.timeout))
+            if completion is not None:
+                completion()
+        except BaseException as exc:
+            raise self._translate(exc, opts, peers) from exc
+        finally:
+            if grad:
+                _set_grad_enabled(True)
+        return CompletedWork()
+
+    # -- collectives: one dispatch each --------------------------------------------------------
+    def all_reduce(
+        self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        ops = self._ops or self._transport()
+        if async_op:
+            return self._run(options, True, ops.all_reduce, (tensor, op))
+        free = not tensor.requires_grad and op._factor is None
+        return self._run_sync(options, ops.all_reduce, (tensor, op), (), free)
+
+    def reduce(
+        self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        ops = self._ops or self._transport()
+        if async_op:
+            return self._run(options, True, ops.reduce, (tensor, root, op))
+        free = not tensor.requires_grad and op._factor is None
+        return self._run_sync(options, ops.reduce, (tensor, root, op), (), free)
+
+    def broadcast(
+        self, tensor: torch.Tensor, root: int, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        ops = self._ops or self._transport()
+        if async_op:
+            return self._run(options, True, ops.broadcast, (tensor, root))
+        free = not tensor.requires_grad
+        return self._run_sync(options, ops.broadcast, (tensor, root), (), free)
+
+    def all_gather(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(options, async_op, ops.all_gather, (tensor_list, tensor))
+
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(options, async_op, ops.all_gather_single, (output, input))
+
+    def all_gather_v(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(options, async_op, ops.all_gather_v, (tensor_list, tensor))
+
+    def gather(
+        self,
+        output_tensor_list: list[torch.Tensor],
+        input_tensor: torch.Tensor,
+        root: int,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(options, async_op, ops.gather, (output_tensor_list, input_tensor, root))
+
+    def gather_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        root: int,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(options, async_op, ops.gather_single, (output, input, root))
+
+    def scatter(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor_list: list[torch.Tensor],
+        root: int,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(options, async_op, ops.scatter, (output_tensor, input_tensor_list, root))
+
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(options, async_op, ops.reduce_scatter, (output, input_list, op))
+
+    def reduce_scatter_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(options, async_op, ops.reduce_scatter_single, (output, input, op))
+
+    def reduce_scatter_v(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(options, async_op, ops.reduce_scatter_v, (output, input_list, op))
+
+    def all_to_all_single(
+        self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(options, async_op, ops.all_to_all_single, (output, input))
+
+    def all_to_all_v_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(
+            options,
+            async_op,
+            ops.all_to_all_v_single,
+            (output, input, output_split_sizes, input_split_sizes),
+        )
+
+    def all_to_all(
+        self,
+        output_tensor_list: list[torch.Tensor],
+        input_tensor_list: list[torch.Tensor],
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        ops = self._transport()
+        return self._run(options, async_op, ops.all_to_all, (output_tensor_list, input_tensor_list))
+
+    def barrier(self, async_op: bool, options: OpOptions) -> TorchWork:
+        ops = self._ops or self._transport()
+        if async_op:
+            return self._run(options, True, ops.barrier)
+        return self._run_sync(options, ops.barrier, (), (), True)
+
+    # -- point-to-point ------------------------------------------------------------------------
+    def _p2p(self, p2p_ops: list[P2POp], async_op: bool, options: OpOptions) -> TorchWork:
+        ops = self._transport()
+        tag = _tag_hint(options.hints)
+        live = [op for op in p2p_ops if op.tensor.numel() > 0]
+
+        def body(deadline: Deadline) -> Completion | None:
+            return ops.post(live, tag, deadline) if live else None
+
+        return self._run(options, async_op, body, peers=[op.peer for op in p2p_ops])
+
+    def send(self, tensor: torch.Tensor, dst: int, async_op: bool, options: OpOptions) -> TorchWork:
+        if async_op or options.hints or not tensor.numel():
+            return self._p2p([P2POp(P2POpType.SEND, tensor, dst)], async_op, options)
+        ops = self._ops or self._transport()  # one untagged sync message: the latency path
+        free = not tensor.requires_grad
+        return self._run_sync(options, ops.transfer, (True, tensor, dst), (dst,), free)
+
+    def recv(self, tensor: torch.Tensor, src: int, async_op: bool, options: OpOptions) -> TorchWork:
+        if async_op or options.hints or not tensor.numel():
+            return self._p2p([P2POp(P2POpType.RECV, tensor, src)], async_op, options)
+        ops = self._ops or self._transport()
+        free = not tensor.requires_grad
+        return self._run_sync(options, ops.transfer, (False, tensor, src), (src,), free)
+
+    def batch_op_issue(self, ops: list[P2POp], async_op: bool, options: OpOptions) -> TorchWork:
+        return self._p2p(list(ops), async_op, options)

@@ -1,0 +1,251 @@
+"""One-round collectives over a ``ShmChannel``: the small-message latency path.
+
+* all_reduce: every rank copies its contribution into its own slot, publishes, waits for
+  every rank and reduces all slots (rank order, so every rank computes the same bits)
+  into its tensor;
+* reduce: the same round, and only the root reduces;
+* broadcast: the root copies into its slot, every rank publishes (carrying its
+  fingerprint), and the others copy out once everyone arrived.
+
+Every rank of a round checks every rank's fingerprint, as ``ShmChannel.exchange`` does.
+A plan per shape holds the slot views and the fingerprint, built once.  Payloads up to
+``host_arrays.MAX_BYTES`` of the dtypes (and reductions) numpy does exactly move and
+reduce with numpy on views of the segment and of the caller's tensor: a torch call costs
+1-2.5 us of dispatch on a small tensor, a ufunc or slice assignment 0.1-0.5 us.
+
+``begin`` and ``finish`` are the channel's, as for every round; publishing, the arrival
+wait and the fingerprint check are ``_meet``: fast checks that call into the channel only
+when something is missing or wrong.  Everything runs on the thread that runs the op, one
+op at a time (``ShmCollectives`` calls in).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torchcomms import fingerprint as F
+from torchcomms.backends.cpu import host_arrays
+from torchcomms.backends.cpu.reductions import reduce_rows
+from torchcomms.deadline import Deadline
+from torchcomms.fingerprint import Fingerprint
+from torchcomms.transport.shm.channel import ShmChannel
+from torchcomms.types import RedOpType, ReduceOp
+
+_Pair = tuple[torch.Tensor, torch.Tensor]
+# numpy: own slot per parity, the ranks' rows per parity (a list of two 1-D arrays for two
+# ranks, one 2-D array otherwise), the ufunc (None: numpy copies, torch reduces), the
+# caller-tensor views.
+_Tiny = tuple[tuple[Any, Any], tuple[Any, Any], Any, host_arrays.UserArrays]
+# The fingerprint, own slot per parity, all-rank rows per parity, whether it pre-multiplies
+# / reduces with a plain torch.sum, the numpy form (None: torch kernels), and for a plain
+# sum of two ranks both slots per parity (one torch.add: 1.5 us against torch.sum's 2.2).
+Plan = tuple[Fingerprint, _Pair, _Pair, bool, bool, "_Tiny | None", "tuple[_Pair, _Pair] | None"]
+# A broadcast's fingerprint, the root's slot per parity, and the numpy form (the root's
+# slot per parity as arrays, the caller-tensor views) or None.
+BcastPlan = tuple[Fingerprint, _Pair, "tuple[tuple[Any, Any], host_arrays.UserArrays] | None"]
+
+
+#: Inline flag checks before a wait enters the channel's loop (whose every pass costs about
+#: a microsecond): a peer a few microseconds behind is seen within ~0.05 us of arriving.
+TIGHT_CHECKS = 64
+
+
+class OneShot:
+    """Plans and rounds of the one-round collectives on one channel."""
+
+    def __init__(self, chan: ShmChannel, oneshot_max: int, check: bool) -> None:
+        self.chan = chan
+        self.oneshot_max = oneshot_max
+        self.check = check
+        self.rank = chan.rank
+        self.size = chan.size
+        #: By (dtype, count, reduce-op value); False: too large for one round.
+        self.plans: dict[tuple[object, ...], Plan | bool] = {}
+        #: By (dtype, count, root); only shapes that fit one slot.
+        self.bcast_plans: dict[tuple[torch.dtype, int, int], BcastPlan] = {}
+        self._reduce_fps: dict[tuple[object, ...], Fingerprint] = {}
+        self._barrier_fp = F.make(F.BARRIER, None, 0)
+        # Flag checks a wait makes inline before the channel's wait loop (about 0.05 us
+        # each, so a few microseconds): none when ranks share cores, as in the policy.
+        policy = chan.policy
+        self.tight_checks = 0 if policy.oversubscribed or policy.spins <= 0 else TIGHT_CHECKS
+
+    # -- plans ---------------------------------------------------------------------------------
+    def plan(self, dtype: torch.dtype, n: int, op: ReduceOp) -> Plan | bool:
+        """Views and fingerprint of a one-shot all_reduce of this shape (False: too large)."""
+        chan = self.chan
+        plan: Plan | bool = False
+        if n * dtype.itemsize <= self.oneshot_max and n <= chan.slot_capacity(dtype):
+            t = op.type
+            slots = (chan.slot(self.rank, 0, dtype, n), chan.slot(self.rank, 1, dtype, n))
+            rows = (chan.rows(0, dtype, n), chan.rows(1, dtype, n))
+            plain_sum = t is RedOpType.SUM and dtype is not torch.bool
+            pairs = None
+            if plain_sum and self.size == 2:
+                pairs = (
+                    (chan.slot(0, 0, dtype, n), chan.slot(1, 0, dtype, n)),
+                    (chan.slot(0, 1, dtype, n), chan.slot(1, 1, dtype, n)),
+                )
+            plan = (
+                F.make(F.ALL_REDUCE, dtype, n, redop=op),
+                slots,
+                rows,
+                t is RedOpType.PREMUL_SUM,
+                plain_sum,
+                self._tiny_plan(slots, rows, dtype, n, t),
+                pairs,
+            )
+        if len(self.plans) > 256:
+            self.plans.clear()
+        self.plans[(dtype, n, op._type._value_)] = plan
+        return plan
+
+    def _tiny_plan(
+        self, slots: _Pair, rows: _Pair, dtype: torch.dtype, n: int, op: RedOpType
+    ) -> _Tiny | None:
+        """The numpy form of a small one-shot round (``host_arrays``), or None."""
+        nbytes = n * dtype.itemsize
+        if nbytes > host_arrays.MAX_BYTES or host_arrays.numpy_dtype(dtype) is None:
+            return None
+        if op is RedOpType.PREMUL_SUM:
+            return None
+        ufunc = host_arrays.ufunc_for(dtype, op, nbytes)
+        seg = host_arrays.segment_array
+        np_slots = (seg(slots[0]), seg(slots[1]))
+        if self.size == 2:
+            np_rows: tuple[Any, Any] = tuple(  # type: ignore[assignment]
+                [seg(r[0]), seg(r[1])] for r in rows
+            )
+        else:
+            np_rows = (seg(rows[0]), seg(rows[1]))
+        return np_slots, np_rows, ufunc, host_arrays.UserArrays(dtype, n)
+
+    def bcast_plan(self, dtype: torch.dtype, n: int, root: int) -> BcastPlan:
+        """Views and fingerprint of a broadcast of this shape (it must fit one slot)."""
+        chan = self.chan
+        slots = (chan.slot(root, 0, dtype, n), chan.slot(root, 1, dtype, n))
+        tiny = None
+        if n * dtype.itemsize <= host_arrays.MAX_BYTES and host_arrays.numpy_dtype(dtype):
+            seg = host_arrays.segment_array
+            tiny = (seg(slots[0]), seg(slots[1])), host_arrays.UserArrays(dtype, n)
+        plan = (F.make(F.BROADCAST, dtype, n, root), slots, tiny)
+        if len(self.bcast_plans) > 256:
+            self.bcast_plans.clear()
+        self.bcast_plans[(dtype, n, root)] = plan
+        return plan
+
+    def reduce_fp(self, dtype: torch.dtype, n: int, root: int, op: ReduceOp) -> Fingerprint:
+        key = (dtype, n, root, op._type._value_)
+        fp = self._reduce_fps.get(key)
+        if fp is None or op._type is RedOpType.PREMUL_SUM:  # its factor is part of it
+            fp = F.make(F.REDUCE, dtype, n, root, op)
+            if len(self._reduce_fps) > 256:
+                self._reduce_fps.clear()
+            self._reduce_fps[key] = fp
+        return fp
+
+    # -- rounds --------------------------------------------------------------------------------
+    def run(
+        self,
+        flat: torch.Tensor,
+        op: ReduceOp,
+        plan: Plan | bool,
+        deadline: Deadline,
+        whole_fp: Fingerprint | None = None,
+        root: int = -1,
+    ) -> None:
+        """One all_reduce round, or with ``root`` a reduce round (only the root reduces).
+
+        The caller advanced ``op_seq``.  ``whole_fp``: the fingerprint of the whole op when
+        ``flat`` is one chunk of it, or the reduce's.
+        """
+        assert plan is not False and plan is not True
+        fp, slots, rows, premul, plain_sum, tiny, pairs = plan
+        if whole_fp is not None:
+            fp = whole_fp
+        chan = self.chan
+        k = chan.begin(deadline)
+        p = k & 1
+        if tiny is not None:
+            mine = tiny[3].of(flat)
+            tiny[0][p][...] = mine
+        elif premul:
+            torch.mul(flat, op.factor_value(), out=slots[p])
+        else:
+            slots[p].copy_(flat)
+        self._meet(k, p, fp, deadline, "all_reduce" if root < 0 else "reduce")
+        if root < 0 or root == self.rank:
+            if tiny is not None and tiny[2] is not None:
+                parts = tiny[1][p]
+                if type(parts) is list:
+                    tiny[2](parts[0], parts[1], out=mine)
+                else:
+                    tiny[2].reduce(parts, 0, out=mine)
+                host_arrays.mark_written((flat,))
+            elif pairs is not None:
+                torch.add(pairs[p][0], pairs[p][1], out=flat)
+            elif plain_sum:
+                torch.sum(rows[p], 0, dtype=flat.dtype, out=flat)
+            else:
+                reduce_rows(rows[p], flat, op)
+        chan.finish(k)
+
+    def broadcast(self, flat: torch.Tensor, root: int, plan: BcastPlan, deadline: Deadline) -> None:
+        """A broadcast that fits one slot: the root writes, every rank checks, others read."""
+        fp, slots, tiny = plan
+        chan = self.chan
+        chan.op_seq += 1
+        k = chan.begin(deadline)
+        p = k & 1
+        is_root = self.rank == root
+        if is_root:
+            if tiny is not None:
+                tiny[0][p][...] = tiny[1].of(flat)
+            else:
+                slots[p].copy_(flat)
+        self._meet(k, p, fp, deadline, "broadcast")
+        if not is_root:
+            if tiny is not None:
+                tiny[1].of(flat)[...] = tiny[0][p]
+                host_arrays.mark_written((flat,))
+            else:
+                flat.copy_(slots[p])
+        chan.finish(k)
+
+    def barrier(self, deadline: Deadline) -> None:
+        """A round that moves nothing; it carries the barrier's fingerprint."""
+        chan = self.chan
+        chan.op_seq += 1
+        k = chan.begin(deadline)
+        self._meet(k, k & 1, self._barrier_fp, deadline, "barrier")
+        chan.finish(k)
+
+    def _meet(self, k: int, p: int, fp: Fingerprint, deadline: Deadline, what: str) -> None:
+        """Publish round ``k`` (with the fingerprint's checked word), wait for every rank,
+        check theirs: ``ShmChannel.exchange`` with fast checks inlined."""
+        chan = self.chan
+        flags = chan.flags
+        check = self.check
+        if check:
+            want = fp[0] + chan.op_seq  # fingerprint.checked_word, inlined
+            if chan.meta_fp[p] is fp:
+                flags[chan.my_word[p]] = want
+            else:
+                chan.write_fingerprint(p, fp)
+        flags[chan.pub_index] = k
+        chan.ring()
+        for i in chan.all_pub:
+            if flags[i] < k:
+                checks = self.tight_checks
+                while checks and flags[i] < k:
+                    checks -= 1
+                if flags[i] < k:
+                    chan.wait_all(k, deadline)
+                    break
+        if check:
+            for i in chan.peer_word[p]:
+                if flags[i] != want:
+                    chan.check_fingerprints(k, fp, what)
+                    break

@@ -1,0 +1,144 @@
+"""``Exchange``: the first step of every collective on the tcp path, and small ops' only one.
+
+Each rank writes a header (magic, the comm's collective sequence number, the op's
+fingerprint: ``torchcomms.fingerprint``) and, for small messages, the payload itself
+into its own row, and the communicator's ``transport.tcp.lane`` all_gathers the rows.  Then every
+rank compares every header with its own: ranks that called different collectives (or
+skipped one) all raise a mismatch naming who passed what, before any data is combined
+and before gloo sees sizes that differ between ranks (it aborts the process on those).
+
+A row holds at most ``inline_limit(size)`` payload bytes: 64 KiB, less in large
+communicators so that one exchange moves at most about 256 KiB into each rank.  Rows are
+preallocated, reused by every op, and read in place (``payload``).  Runs on the op's
+thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from torchcomms import fingerprint as F
+from torchcomms.backends.cpu.tcp.waits import GlooWaiter
+from torchcomms.deadline import Deadline
+from torchcomms.fingerprint import Fingerprint
+from torchcomms.transport.tcp.lane import Lane, LaneOversize, LanePeerGone
+
+_MAGIC = 0x70C0_C0DE
+_HEADER_WORDS = 8  # magic, seq, digest, descriptor, count, 3 spare (int64 each)
+#: Where a row's payload starts.
+HEADER_BYTES = _HEADER_WORDS * 8
+_MIN_INLINE = 1024
+_MAX_INLINE = 64 * 1024
+_INLINE_TOTAL = 256 * 1024
+
+
+def inline_limit(size: int) -> int:
+    """Payload bytes one rank's row carries in a communicator of ``size`` (a multiple of 8)."""
+    return max(_MIN_INLINE, min(_MAX_INLINE, _INLINE_TOTAL // max(size, 1)) // 8 * 8)
+
+
+class Exchange:
+    """The rows of one communicator's header exchange (see the module docstring)."""
+
+    def __init__(self, lane: Lane, rank: int, size: int, waiter: GlooWaiter) -> None:
+        self.lane = lane
+        self.rank = rank
+        self.size = size
+        self.waiter = waiter
+        self.inline_max = inline_limit(size)
+        words = _HEADER_WORDS + self.inline_max // 8
+        self._row_bytes = words * 8
+        rows = torch.zeros(size * words, dtype=torch.int64)
+        self._words = rows.numpy().data.cast("B").cast("q")
+        self._bytes_view = rows.numpy().data.cast("B")
+        self._mine = self._words[rank * words : (rank + 1) * words]
+        self._mine[0] = _MAGIC
+        self._payload_ptr = rows.data_ptr() + rank * self._row_bytes + HEADER_BYTES
+        self._row_starts = [r * words for r in range(size)]
+        self._table = rows.numpy().reshape(size, words)
+        self._lengths = [0] * size
+        #: Every rank's row as bytes: ``[size, row bytes]``.
+        self.rows = rows.view(torch.uint8).view(size, self._row_bytes)
+        self._views: dict[tuple[torch.dtype, int, int], torch.Tensor] = {}
+        self._keep = rows
+
+    def run(
+        self, seq: int, fp: Fingerprint, deadline: Deadline, payload: torch.Tensor | None
+    ) -> None:
+        """Exchange this rank's header (and ``payload``: at most ``inline_max`` bytes) with
+        every rank's; raise a mismatch."""
+        mine = self._mine
+        mine[1] = seq
+        mine[2], mine[3], mine[4] = fp
+        nbytes = 0
+        if payload is not None and payload.numel():
+            nbytes = payload.numel() * payload.element_size()
+            if payload.is_cpu and payload.is_contiguous():
+                ctypes.memmove(self._payload_ptr, payload.data_ptr(), nbytes)
+            else:
+                self.rows[self.rank, HEADER_BYTES : HEADER_BYTES + nbytes].copy_(
+                    payload.reshape(-1).view(torch.uint8)
+                )
+        what = F.OP_NAMES[fp[1] & 0xFF]
+        self._lengths[self.rank] = HEADER_BYTES + nbytes
+        waiter = self.waiter
+        try:
+            self.lane.all_gather(
+                self._bytes_view,
+                self._row_bytes,
+                self._lengths,
+                lambda: waiter.check(deadline, what),
+            )
+        except LanePeerGone as gone:
+            raise waiter.gone(gone, what) from None
+        except LaneOversize as big:  # the peer runs a ring op (``transport.tcp.ring``): another one
+            theirs = decode(memoryview(big.head))
+            if theirs is None:
+                raise
+            raise waiter.report.pairwise(what, (fp, seq), big.peer, theirs) from None
+        got = self._words
+        header = mine[1:5]
+        for base in self._row_starts:  # the common case: equal headers, a few int compares
+            if got[base + 1 : base + 5] != header:
+                by_rank = [((int(r[2]), int(r[3]), int(r[4])), int(r[1])) for r in self._table]
+                found = F.mismatch(by_rank)
+                bad, text = found if found is not None else ([], "different headers")
+                raise waiter.report.full(what, (fp, seq), bad, text)
+
+    def header(self, seq: int, fp: Fingerprint) -> memoryview:
+        """This rank's header for an op that carries it itself (``transport.tcp.ring``)."""
+        mine = self._mine
+        mine[1] = seq
+        mine[2], mine[3], mine[4] = fp
+        start = self.rank * self._row_bytes
+        return self._bytes_view[start : start + HEADER_BYTES]
+
+    def differs(self, theirs: memoryview) -> bool:
+        """Whether a peer's header (``HEADER_BYTES``) is not this rank's (magic to count)."""
+        return theirs.cast("q")[:5] != self._mine[:5]
+
+    def payload(self, dtype: torch.dtype, first: int, count: int) -> torch.Tensor:
+        """Elements ``first .. first+count`` of every rank's payload: ``[size, count]`` of
+        ``dtype``, a view of the rows (valid until the next exchange)."""
+        key = (dtype, first, count)
+        view = self._views.get(key)
+        if view is None:
+            item = torch.empty((), dtype=dtype).element_size()
+            start = HEADER_BYTES + first * item
+            view = self.rows[:, start : start + count * item].view(dtype)
+            if len(self._views) > 256:
+                self._views.clear()
+            self._views[key] = view
+        return view
+
+
+def decode(head: memoryview) -> tuple[Fingerprint, int] | None:
+    """``(fingerprint, seq)`` of a header's bytes, or None if they are not a header."""
+    if len(head) < 40:
+        return None
+    words = head[:40].cast("q")
+    if words[0] != _MAGIC:
+        return None
+    return (words[2], words[3], words[4]), words[1]

@@ -1,0 +1,589 @@
+"""``TcpOps``: every op of the CPU backend over TCP: the lane for collectives, gloo for the rest.
+
+**The header** (``cpu.tcp.exchange``).  Every collective's fingerprint and sequence number
+reach every rank before any data is combined, through the communicator's ``transport.tcp.lane``
+(direct sockets, on the op's thread: no gloo thread hand-offs), so ranks that called
+different collectives all raise a mismatch, and gloo never sees sizes that differ
+between ranks (it aborts the process on those).
+
+* Small collectives (up to ``Exchange.inline_max`` bytes per rank) finish inside one
+  header exchange: the payload rides in the header's row, and reductions run locally in
+  rank order where that cannot change a bit of gloo's result (exact dtypes, order-free
+  ops, or two float32/64 operands).
+* Large all_reduce, reduce_scatter, all_gather and broadcast run on the lane's ring
+  (``cpu.tcp.ring_ops``), the header in their first frame.
+* The rest call gloo after a header exchange (``TORCHCOMM_MISMATCH_CHECK=0`` drops it).
+
+**Waits** (``cpu.tcp.waits``).  A gloo wait runs in short slices; between them it checks the
+abort flag, the peers' liveness (``cpu.tcp.liveness``) and the op's deadline, so a dead peer
+or an abort is seen within a slice by every survivor, and a timeout names the ranks that
+never entered the op.  gloo's own timeouts are a backstop past the deadline.
+
+Reductions gloo lacks (AVG, PREMUL_SUM) and the variable-size collectives are composed
+here from gloo primitives.  Point-to-point ops are posted to ``transport.tcp.p2p`` without
+blocking and waited on by the returned completion, so mutually dependent send/recv pairs cannot deadlock.  Runs on the op's
+thread (see ``cpu.ops``); ``abort`` on any thread.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch._C._distributed_c10d as c10d
+
+from torchcomms import fingerprint as F
+from torchcomms.backends.cpu.host_arrays import UserBytes, mark_written
+from torchcomms.backends.cpu.ops import Completion, CpuOps
+from torchcomms.backends.cpu.reductions import reduce_rows
+from torchcomms.backends.cpu.staging import finish_average, on_host, overlaps
+from torchcomms.backends.cpu.tcp.exchange import Exchange
+from torchcomms.backends.cpu.tcp.liveness import Liveness
+from torchcomms.backends.cpu.tcp.mismatch import MismatchReport
+from torchcomms.backends.cpu.tcp.ring_ops import RingOps
+from torchcomms.backends.cpu.tcp.waits import GLOO_MARGIN_S, GlooWaiter
+from torchcomms.deadline import Deadline
+from torchcomms.fingerprint import Fingerprint
+from torchcomms.transport.gloo import process_group as gloo
+from torchcomms.transport.procs import process_alive
+from torchcomms.transport.tcp.lane import Lane, LanePeerGone
+from torchcomms.transport.tcp.p2p import P2P, Transfer
+from torchcomms.transport.tcp.ring import as_bytes
+from torchcomms.types import P2POp, P2POpType, RedOpType, ReduceOp
+
+# gloo tags are 32-bit: sequence numbers and user tags wrap within 2**30 (even / odd halves).
+_TAG_SPAN = 2**30
+
+_EXACT_ORDER_FREE = (RedOpType.MAX, RedOpType.MIN, RedOpType.BAND, RedOpType.BOR)
+
+
+#: The payload of an exchange that carries none but must happen (barrier, broadcast's
+#: receivers), whatever ``TORCHCOMM_MISMATCH_CHECK`` says.
+_NOTHING = torch.empty(0)
+_NO_BYTES = memoryview(bytearray())
+
+
+def _received(tensor: torch.Tensor, staged: torch.Tensor) -> None:
+    """A receive into ``staged`` is done: into ``tensor`` if it was a copy, else (written
+    through a byte view) the autograd version bumped, as an in-place op would."""
+    if staged is not tensor:
+        tensor.copy_(staged.view(tensor.shape))
+    else:
+        mark_written((staged,))
+
+
+def _premultiply(tensor: torch.Tensor, op: ReduceOp) -> None:
+    if op.type is RedOpType.PREMUL_SUM:
+        tensor.mul_(op.factor_value())
+
+
+def _premultiplied(tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+    return tensor * op.factor_value() if op.type is RedOpType.PREMUL_SUM else tensor
+
+
+#: Process groups of failed communicators: a gloo call may still run in one, and
+#: destroying it would join that call's thread (up to gloo's timeout).  Kept to exit.
+_abandoned: list[Any] = []
+
+
+class TcpOps(CpuOps):
+    """The flat gloo path: one process group over every member."""
+
+    def __init__(
+        self,
+        pg: Any,
+        lane: Lane,
+        p2p: P2P,
+        rank: int,
+        size: int,
+        peers: Sequence[tuple[str, int]],
+        device_desc: str,
+        liveness: Liveness | None = None,
+        check: bool = True,
+        pg_timeout: timedelta = timedelta(seconds=600),
+        store: Any = None,
+        pg_store: Any = None,
+    ) -> None:
+        self.pg = pg
+        self._pg_store = pg_store  # the store ``pg`` calls back into: lives as long as it
+        self.lane = lane
+        self.rank = rank
+        self.size = size
+        self._peers = list(peers)  # (host identity, pid) per comm rank
+        self.device_desc = (
+            device_desc  # which network device, e.g. "loopback: all ranks on this host"
+        )
+        self.liveness = liveness
+        self.check = check  # exchange headers on every collective (TORCHCOMM_MISMATCH_CHECK)
+        self.seq = 0  # collectives entered
+        report = MismatchReport(store, rank, size, self._announce)
+        self.waiter = GlooWaiter(rank, self.dead_peers, liveness, lambda: self.seq, lane, report)
+        self._send_seq: dict[int, int] = defaultdict(int)
+        self._recv_seq: dict[int, int] = defaultdict(int)
+        self._pg_timeout = pg_timeout
+        self.exchange = Exchange(lane, rank, size, self.waiter)
+        self.inline_max = self.exchange.inline_max
+        self.rings = RingOps(lane, self.exchange, self.waiter, self._begin, check)
+        #: Point-to-point over direct connections.
+        self.p2p = p2p
+        self._user_bytes = UserBytes()
+
+    def describe(self) -> str:
+        return f"tcp ({self.device_desc})"
+
+    def fail(
+        self, dead: Sequence[int] = (), missing: Sequence[int] = (), blamed: Sequence[int] = ()
+    ) -> None:
+        """Tell the ranks that receive from this one, through the lane, whom it blames."""
+        kind, ranks = (
+            ("dead", dead) if dead else ("timeout", missing) if missing else ("peer", blamed)
+        )
+        said = f"FAILED {kind if ranks else 'failed'} {','.join(map(str, ranks))}"
+        self.lane.goodbye(said)
+        self.p2p.goodbye(said)
+
+    def _announce(self, ranks: list[int], text: str) -> None:
+        """A mismatch, to the ranks that receive from this one (before ``fail``: they may
+        be waiting in a ring op, which only this rank can end)."""
+        self.lane.goodbye(f"FAILED mismatch {','.join(map(str, ranks))} {text}")
+
+    def abort(self) -> None:
+        self.waiter.aborted = True  # every wait slice checks it
+
+    def close(self, failed: bool) -> None:
+        if failed:  # unless a failure was said already (``fail``)
+            self.lane.goodbye("FAILED aborted" if self.waiter.aborted else "FAILED failed")
+        self.lane.close()
+        if failed:
+            self.p2p.goodbye("FAILED aborted" if self.waiter.aborted else "FAILED failed")
+        self.p2p.close()
+        if self.liveness is not None:
+            self.liveness.close()
+        if (failed or self.waiter.troubled) and self.pg is not None:
+            # a gloo op may still run: never destroy it (or its store) mid-op
+            _abandoned.append((self.pg, self._pg_store))
+        self.pg = self._pg_store = None
+
+    def dead_peers(self) -> list[int]:
+        """Members on this host whose process is gone (a dead remote shows as a closed socket)."""
+        if self.liveness is not None:
+            return list(self.liveness.check_pids())
+        me = self._peers[self.rank][0]
+        return [
+            r
+            for r, (host, pid) in enumerate(self._peers)
+            if r != self.rank and host == me and not process_alive(pid)
+        ]
+
+    # -- the header and the waits (see the module docstring) -----------------------------
+    def enter(
+        self, fp: Fingerprint, deadline: Deadline, payload: torch.Tensor | None = None
+    ) -> None:
+        """Start a collective: exchange headers (and ``payload``, at most ``inline_max``
+        bytes, then readable through ``exchange.payload``); raise a mismatch.  Without a
+        payload, skipped when the check is off."""
+        if payload is None and not self.check:
+            self.seq += 1
+            if self.liveness is not None:
+                self.liveness.seq = self.seq
+            return
+        self.exchange.run(self._begin(fp), fp, deadline, payload)
+
+    def _begin(self, fp: Fingerprint) -> int:
+        """Count a collective in (its sequence number, which the liveness watcher shows)."""
+        self.seq = seq = self.seq + 1
+        if self.liveness is not None:
+            self.liveness.seq = seq
+        self.waiter.current = (fp, seq)
+        return seq
+
+    def arm(self, gloo_options: Any, deadline: Deadline) -> None:
+        """gloo's own timeout for one call, a backstop past the op's deadline (which ``wait``
+        enforces): the process group's default (the comm timeout plus ``GLOO_MARGIN``),
+        unless this op's timeout is longer than the comm's."""
+        if deadline.timeout > self._pg_timeout:
+            gloo_options.timeout = timedelta(seconds=deadline.left_s() + GLOO_MARGIN_S)
+
+    def wait(
+        self, work: Any, deadline: Deadline, what: str, peers: Sequence[int] | None = None
+    ) -> None:
+        """Wait for one gloo call in slices (``cpu.tcp.waits``)."""
+        self.waiter.wait(work, deadline, what, peers)
+
+    # -- reductions ----------------------------------------------------------------------
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, deadline: Deadline) -> None:
+        fp = F.make(F.ALL_REDUCE, tensor.dtype, tensor.numel(), redop=op)
+        with on_host(tensor) as host:
+            if self.inline_reduce(host, op):
+                self.enter(fp, deadline, _premultiplied(host, op))
+                self._reduce_rows(host, op)
+                finish_average(host, op, self.size)
+                return
+            if self.rings.fits(host, self.size):
+                self.rings.all_reduce(host.view(-1), op, fp, deadline)
+                return
+            self.enter(fp, deadline)
+            o = c10d.AllreduceOptions()
+            o.reduceOp = gloo.c10d_op(op, host.dtype)
+            self.arm(o, deadline)
+            _premultiply(host, op)
+            self.wait(self.pg.allreduce([host], o), deadline, "all_reduce")
+            finish_average(host, op, self.size)
+
+    def inline_reduce(self, host: torch.Tensor, op: ReduceOp, nbytes: int = -1) -> bool:
+        """Whether a reduction of ``host`` (``nbytes`` per rank, default all of it) rides in
+        the header: small, and the result is gloo's, bit for bit (exact dtypes,
+        order-free ops, or two float32/64 operands)."""
+        if nbytes < 0:
+            nbytes = host.numel() * host.element_size()
+        if nbytes > self.inline_max:
+            return False
+        dtype = host.dtype
+        if nbytes == 0:
+            return True
+        if not dtype.is_floating_point or op.type in _EXACT_ORDER_FREE:
+            return True
+        return self.size == 2 and dtype in (torch.float32, torch.float64)
+
+    def _reduce_rows(self, out: torch.Tensor, op: ReduceOp, first: int = 0) -> None:
+        """Reduce every rank's payload elements ``first ..`` (as many as ``out``) into it."""
+        n = out.numel()
+        if n:
+            reduce_rows(self.exchange.payload(out.dtype, first, n), out.view(-1), op)
+
+    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, deadline: Deadline) -> None:
+        fp = F.make(F.REDUCE, tensor.dtype, tensor.numel(), root, op)
+        with on_host(tensor) as host:
+            if self.inline_reduce(host, op):
+                self.enter(fp, deadline, _premultiplied(host, op))
+                if self.rank == root:
+                    self._reduce_rows(host, op)
+                    finish_average(host, op, self.size)
+                return
+            self.enter(fp, deadline)
+            if host.numel():
+                self._reduce_into(host, root, op, deadline)
+
+    def _reduce_into(
+        self, tensor: torch.Tensor, root: int, op: ReduceOp, deadline: Deadline
+    ) -> None:
+        o = c10d.ReduceOptions()
+        o.reduceOp = gloo.c10d_op(op, tensor.dtype)
+        o.rootRank = root
+        self.arm(o, deadline)
+        _premultiply(tensor, op)
+        self.wait(self.pg.reduce([tensor], o), deadline, "reduce")
+        if self.rank == root:
+            finish_average(tensor, op, self.size)
+
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input_list: Sequence[torch.Tensor],
+        op: ReduceOp,
+        deadline: Deadline,
+    ) -> None:
+        flat = torch.cat([t.detach().to("cpu").reshape(-1) for t in input_list])
+        self._reduce_scatter(output, flat, op, deadline)
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, deadline: Deadline
+    ) -> None:
+        self._reduce_scatter(output, input.detach().to("cpu").reshape(-1), op, deadline)
+
+    def _reduce_scatter(
+        self, output: torch.Tensor, flat_in: torch.Tensor, op: ReduceOp, deadline: Deadline
+    ) -> None:
+        n = output.numel()
+        fp = F.make(F.REDUCE_SCATTER, output.dtype, n, -1, op)
+        with on_host(output) as host_out:
+            out = host_out.view(-1)
+            if self.inline_reduce(out, op, flat_in.numel() * flat_in.element_size()):
+                self.enter(fp, deadline, _premultiplied(flat_in, op))
+                self._reduce_rows(out, op, self.rank * n)
+                finish_average(out, op, self.size)
+                return
+            if n and self.rings.fits(flat_in, self.size) and out.is_contiguous():
+                self.rings.reduce_scatter(out, flat_in, op, fp, deadline)
+                return
+            self.enter(fp, deadline)
+            if n:
+                self._reduce_scatter_flat(out, flat_in, op, deadline)
+
+    def _reduce_scatter_flat(
+        self, out: torch.Tensor, flat_in: torch.Tensor, op: ReduceOp, deadline: Deadline
+    ) -> None:
+        if op.type is RedOpType.PREMUL_SUM:
+            flat_in = flat_in * op.factor_value()  # never scale the caller's input in place
+        o = c10d.ReduceScatterOptions()
+        o.reduceOp = gloo.c10d_op(op, out.dtype)
+        self.arm(o, deadline)
+        self.wait(self.pg._reduce_scatter_base(out, flat_in, o), deadline, "reduce_scatter")
+        finish_average(out, op, self.size)
+
+    def reduce_scatter_v(
+        self,
+        output: torch.Tensor,
+        input_list: Sequence[torch.Tensor],
+        op: ReduceOp,
+        deadline: Deadline,
+    ) -> None:
+        sizes = [t.numel() for t in input_list]
+        self.enter(F.make(F.REDUCE_SCATTER_V, output.dtype, 0, -1, op, sizes), deadline)
+        for root, chunk in enumerate(input_list):
+            if chunk.numel() == 0:
+                continue
+            scratch = chunk.detach().to("cpu", copy=True).contiguous()
+            self._reduce_into(scratch, root, op, deadline)
+            if root == self.rank:
+                output.copy_(scratch.view(output.shape))
+
+    # -- rooted --------------------------------------------------------------------------
+    def broadcast(self, tensor: torch.Tensor, root: int, deadline: Deadline) -> None:
+        fp = F.make(F.BROADCAST, tensor.dtype, tensor.numel(), root)
+        with on_host(tensor) as host:
+            nbytes = host.numel() * host.element_size()
+            if nbytes <= self.inline_max:
+                self.enter(fp, deadline, host if self.rank == root else _NOTHING)
+                if self.rank != root and nbytes:
+                    data = self.exchange.payload(host.dtype, 0, host.numel())[root]
+                    host.view(-1).copy_(data)
+                return
+            if self.rings.fits(host):
+                self.rings.broadcast(host.view(-1), root, fp, deadline)
+                return
+            self.enter(fp, deadline)
+            self._broadcast(host, root, deadline)
+
+    def _broadcast(self, tensor: torch.Tensor, root: int, deadline: Deadline) -> None:
+        o = c10d.BroadcastOptions()
+        o.rootRank = root
+        self.arm(o, deadline)
+        self.wait(self.pg.broadcast([tensor], o), deadline, "broadcast")
+
+    def scatter(
+        self,
+        output: torch.Tensor,
+        input_list: Sequence[torch.Tensor],
+        root: int,
+        deadline: Deadline,
+    ) -> None:
+        fp = F.make(F.SCATTER, output.dtype, output.numel(), root)
+        n = output.numel()
+        if n * output.element_size() * self.size <= self.inline_max:
+            mine = torch.cat([t.reshape(-1) for t in input_list]) if self.rank == root else None
+            self.enter(fp, deadline, _NOTHING if mine is None else mine.to("cpu"))
+            if n:
+                got = self.exchange.payload(output.dtype, self.rank * n, n)[root]
+                output.copy_(got.view(output.shape))
+            return
+        self.enter(fp, deadline)
+        if n == 0:
+            return
+        o = c10d.ScatterOptions()
+        o.rootRank = root
+        self.arm(o, deadline)
+        with on_host(output) as host_out:
+            if self.rank == root:
+                srcs = [t.detach().to("cpu").contiguous() for t in input_list]
+                self.wait(self.pg.scatter([host_out], [srcs], o), deadline, "scatter")
+            else:
+                self.wait(self.pg.scatter([host_out], [], o), deadline, "scatter")
+
+    def gather(
+        self,
+        output_list: Sequence[torch.Tensor],
+        input: torch.Tensor,
+        root: int,
+        deadline: Deadline,
+    ) -> None:
+        fp = F.make(F.GATHER, input.dtype, input.numel(), root)
+        n = input.numel()
+        if n * input.element_size() <= self.inline_max:
+            self.enter(fp, deadline, input.detach().to("cpu"))
+            if n and self.rank == root:
+                got = self.exchange.payload(input.dtype, 0, n)
+                for out, row in zip(output_list, got, strict=True):
+                    out.copy_(row.view(out.shape))
+            return
+        self.enter(fp, deadline)
+        if n == 0:
+            return
+        o = c10d.GatherOptions()
+        o.rootRank = root
+        self.arm(o, deadline)
+        src = input.detach().to("cpu").contiguous()
+        if self.rank == root:
+            staging = [torch.empty_like(src) for _ in range(self.size)]
+            self.wait(self.pg.gather([staging], [src], o), deadline, "gather")
+            for out, got in zip(output_list, staging, strict=True):
+                out.copy_(got.view(out.shape))
+        else:
+            self.wait(self.pg.gather([], [src], o), deadline, "gather")
+
+    # -- gathers -------------------------------------------------------------------------
+    def all_gather(
+        self, output_list: Sequence[torch.Tensor], input: torch.Tensor, deadline: Deadline
+    ) -> None:
+        n = input.numel()
+        flat = torch.empty(self.size * n, dtype=input.dtype)
+        self._all_gather_flat(flat, input, deadline)
+        for i, out in enumerate(output_list):
+            out.copy_(flat[i * n : (i + 1) * n].view(out.shape))
+
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, deadline: Deadline
+    ) -> None:
+        with on_host(output) as host_out:
+            self._all_gather_flat(host_out.view(-1), input, deadline)
+
+    def _all_gather_flat(
+        self, flat: torch.Tensor, tensor: torch.Tensor, deadline: Deadline
+    ) -> None:
+        src = tensor.detach().to("cpu").reshape(-1)
+        n = src.numel()
+        fp = F.make(F.ALL_GATHER, src.dtype, n)
+        nbytes = n * src.element_size()
+        if nbytes <= self.inline_max:
+            self.enter(fp, deadline, src)
+            if n:
+                flat.view(self.size, n).copy_(self.exchange.payload(src.dtype, 0, n))
+            return
+        if self.rings.fits(src) and flat.is_contiguous():
+            self.rings.all_gather(flat, src, fp, deadline)
+            return
+        self.enter(fp, deadline)
+        o = c10d.AllgatherOptions()
+        self.arm(o, deadline)
+        self.wait(self.pg._allgather_base(flat, src, o), deadline, "all_gather")
+
+    def all_gather_v(
+        self, output_list: Sequence[torch.Tensor], input: torch.Tensor, deadline: Deadline
+    ) -> None:
+        sizes = [t.numel() for t in output_list]
+        self.enter(F.make(F.ALL_GATHER_V, input.dtype, 0, sizes=sizes), deadline)
+        for root in range(self.size):
+            target = output_list[root]
+            if root == self.rank:
+                target.copy_(input.view(target.shape))
+            if target.numel() == 0:
+                continue
+            with on_host(target) as host:
+                self._broadcast(host, root, deadline)
+
+    # -- all-to-all ----------------------------------------------------------------------
+    def all_to_all_flat(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        out_splits: Sequence[int],
+        in_splits: Sequence[int],
+        deadline: Deadline,
+    ) -> None:
+        even = not in_splits or (len(set(in_splits)) == 1 and list(in_splits) == list(out_splits))
+        count = input.numel() if even else 0
+        fp = F.make(F.ALL_TO_ALL if even else F.ALL_TO_ALL_V, input.dtype, count)
+        if even and count * input.element_size() <= self.inline_max:
+            self.enter(fp, deadline, input.detach().to("cpu").reshape(-1))
+            if count:
+                chunk = count // self.size
+                got = self.exchange.payload(input.dtype, self.rank * chunk, chunk)
+                with on_host(output) as host_out:
+                    host_out.view(self.size, chunk).copy_(got)
+            return
+        self.enter(fp, deadline)
+        if not in_splits and input.numel() == 0:
+            return
+        with on_host(output) as host_out:
+            out = host_out.view(-1)
+            src = input.detach().to("cpu").reshape(-1)
+            if overlaps(out, src):
+                src = src.clone()  # gloo reads the input while writing the output: never alias
+            o = c10d.AllToAllOptions()
+            self.arm(o, deadline)
+            work = self.pg.alltoall_base(out, src, list(out_splits), list(in_splits), o)
+            self.wait(work, deadline, "all_to_all")
+
+    def barrier(self, deadline: Deadline) -> None:
+        """The header exchange is a barrier: every rank's header arrives before any returns."""
+        self.enter(F.make(F.BARRIER, None, 0), deadline, _NOTHING)
+
+    # -- point-to-point ------------------------------------------------------------------
+    def post(self, ops: Sequence[P2POp], tag: int | None, deadline: Deadline) -> Completion:
+        """Untagged messages use even tags from a per-peer sequence number, tagged ones an
+        odd tag of their own (see ``CpuOps.post``), over ``transport.tcp.p2p``."""
+        return self._post_direct(self.p2p, ops, tag, deadline)
+
+    def unattended(self) -> None:
+        self.p2p.kick()
+
+    def transfer(self, sending: bool, tensor: torch.Tensor, peer: int, deadline: Deadline) -> None:
+        """``_post_direct`` for one untagged message, waited for here (no closures)."""
+        staged = tensor
+        if not (tensor.is_cpu and tensor.is_contiguous()):
+            staged = tensor.detach().to("cpu").contiguous()
+        seqs = self._send_seq if sending else self._recv_seq
+        tag = 2 * (seqs[peer] % _TAG_SPAN)
+        seqs[peer] += 1
+        engine = self.p2p
+        # A non-owning view (cheaper than ``as_bytes``); the op keeps ``staged`` alive.
+        view = self._user_bytes.of(staged) if staged.nbytes else _NO_BYTES
+        if sending:
+            move = engine.post_send(peer, tag, view, staged)
+        else:
+            move = engine.post_recv(peer, tag, view, staged)
+        if not move.done or move.error is not None:  # a send usually went out when posted
+            what = "send" if sending else "recv"
+            waiter = self.waiter
+            try:
+                engine.wait([move], lambda: waiter.check_p2p(deadline, what, [peer]))
+            except LanePeerGone as gone:
+                raise waiter.gone(gone, what) from None
+        if not sending:
+            _received(tensor, staged)
+
+    def _tag(self, op: P2POp, user_tag: int | None) -> int:
+        if user_tag is not None:
+            return 2 * (user_tag % _TAG_SPAN) + 1
+        seqs = self._send_seq if op.type is P2POpType.SEND else self._recv_seq
+        tag = 2 * (seqs[op.peer] % _TAG_SPAN)
+        seqs[op.peer] += 1
+        return tag
+
+    def _post_direct(
+        self, engine: P2P, ops: Sequence[P2POp], user_tag: int | None, deadline: Deadline
+    ) -> Completion:
+        posted: list[tuple[P2POp, Transfer, torch.Tensor]] = []
+        for op in ops:
+            tensor = op.tensor
+            staged = tensor
+            if not (tensor.is_cpu and tensor.is_contiguous()):
+                staged = tensor.detach().to("cpu").contiguous()
+            view = as_bytes(staged)
+            tag = self._tag(op, user_tag)
+            if op.type is P2POpType.SEND:
+                posted.append((op, engine.post_send(op.peer, tag, view), staged))
+            else:
+                posted.append((op, engine.post_recv(op.peer, tag, view), staged))
+        waiter = self.waiter
+        what = "send" if all(op.type is P2POpType.SEND for op in ops) else "recv"
+
+        def complete() -> None:
+            moves: list[Transfer] = [m for _, m, _ in posted]
+
+            def between() -> None:  # the peers still waited for (not those done with)
+                peers = sorted({m.peer for m in moves if not m.done})
+                waiter.check_p2p(deadline, what, peers)
+
+            try:
+                engine.wait(moves, between)
+            except LanePeerGone as gone:
+                raise waiter.gone(gone, what) from None
+            for op, _, staged in posted:
+                if op.type is P2POpType.RECV:
+                    _received(op.tensor, staged)
+
+        return complete

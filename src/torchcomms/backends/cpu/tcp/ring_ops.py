@@ -1,0 +1,216 @@
+"""``RingOps``: the tcp path's large collectives on the lane's ring (``transport/tcp/ring``).
+
+Past the inline limit, all_reduce, reduce_scatter, all_gather and broadcast move their
+bytes over the lane's round-0 connections instead of gloo: no thread hand-offs, no
+staging copy, and the op's header (``cpu.tcp.exchange``) rides in the first frame, so the
+mismatch check costs no extra round trip.  A rank sees only its neighbour's header; a
+difference is announced around the ring and made whole by ``cpu.tcp.mismatch``.
+
+* all_reduce: ring reduce-scatter (partial sums in scratch, so the caller's tensor is
+  untouched until every header passed) then all-gather into the tensor.
+* reduce_scatter: the reduce-scatter half, partial sums in scratch (the input is the
+  caller's).
+* all_gather: the all-gather half, straight into the output; this rank's own chunk is
+  sent from the input and copied into place after the peer's header passed.
+* broadcast: a pipelined chain ``root -> root-1 -> … -> root+1`` (in segments when there
+  are ranks in the middle), closed by an empty frame from ``root+1`` back to the root,
+  so the root too learns of a rank that disagrees; with ranks in the middle, the root
+  then sends an empty frame down the chain again, since a middle rank cannot otherwise
+  know that the ranks after it agreed.
+
+Why every rank raises on a mismatch: each rank checks its ``rank + 1``'s header, and
+no rank returns before a path of such checks through every rank has passed (in
+reduce-scatter or all-gather, rank ``r``'s last receive depends on ranks ``r+1 … r-2``
+having passed their first step; broadcast's close and second lap do the same).
+
+Runs on the op's thread, one op at a time (``cpu.ops``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from torchcomms.backends.cpu.reductions import BINARY, BINARY_BOOL
+from torchcomms.backends.cpu.staging import finish_average
+from torchcomms.backends.cpu.tcp.exchange import HEADER_BYTES, Exchange, decode
+from torchcomms.backends.cpu.tcp.waits import GlooWaiter
+from torchcomms.deadline import Deadline
+from torchcomms.fingerprint import Fingerprint
+from torchcomms.transport.tcp.lane import Lane, LanePeerGone, LaneProtocolError
+from torchcomms.transport.tcp.ring import Check, Combine, Ring, as_bytes, spans
+from torchcomms.types import RedOpType, ReduceOp
+
+#: Frame lengths are u32: a chunk must stay below this (larger ops go to gloo).
+_MAX_CHUNK = 1 << 31
+#: Broadcast segments through ranks in the middle of the chain (at most ``_MAX_SEGMENTS``).
+_SEGMENT = 256 * 1024
+_MAX_SEGMENTS = 16
+
+
+def combiner(op: ReduceOp, dtype: torch.dtype) -> Combine:
+    """``out = mine (op) incoming`` (PREMUL_SUM: its operands were premultiplied)."""
+    table = BINARY_BOOL if dtype is torch.bool else BINARY
+    fn = table.get(op.type, torch.add)
+
+    def combine(mine: torch.Tensor, incoming: torch.Tensor, out: torch.Tensor) -> None:
+        fn(mine, incoming, out=out)
+
+    return combine
+
+
+class RingOps:
+    """Large collectives of one tcp communicator (see the module docstring).
+
+    ``begin(fp)`` starts a collective on the communicator (its sequence number, which it
+    returns); ``check``: whether headers are compared (``TORCHCOMM_MISMATCH_CHECK``).
+    """
+
+    def __init__(
+        self,
+        lane: Lane,
+        exchange: Exchange,
+        waiter: GlooWaiter,
+        begin: Callable[[Fingerprint], int],
+        check: bool,
+    ) -> None:
+        self.rank = lane.rank
+        self.size = lane.size
+        self.ring = Ring(lane, HEADER_BYTES)
+        self._exchange = exchange
+        self._waiter = waiter
+        self._begin = begin
+        self._check = check
+
+    def fits(self, tensor: torch.Tensor, chunks: int = 1) -> bool:
+        """Whether an op on ``tensor`` (cut into ``chunks``) runs here."""
+        nbytes = tensor.numel() * tensor.element_size()
+        return self.size > 1 and tensor.is_contiguous() and nbytes // chunks + 64 < _MAX_CHUNK
+
+    # -- the ops -------------------------------------------------------------------------
+    def all_reduce(
+        self, flat: torch.Tensor, op: ReduceOp, fp: Fingerprint, deadline: Deadline
+    ) -> None:
+        header, check, between = self._enter(fp, "all_reduce", deadline)
+        plan = spans(flat.numel(), self.size)
+        first, k = plan[self.rank]
+        src = flat * op.factor_value() if op.type is RedOpType.PREMUL_SUM else flat
+        # The reduce-scatter half leaves the caller's tensor alone (partial sums in
+        # scratch): only once every rank's header passed does any byte of it change.
+        own = self.ring.scratch(flat.dtype, max(n for _, n in plan), 3)[:k]
+        with self._lane_errors("all_reduce"):
+            self.ring.reduce_scatter(
+                src, own, combiner(op, flat.dtype), header, check, between
+            )
+            self.ring.all_gather(flat, plan, None, None, between, own=own)
+        flat[first : first + k].copy_(own)
+        finish_average(flat, op, self.size)
+
+    def reduce_scatter(
+        self,
+        out: torch.Tensor,
+        flat_in: torch.Tensor,
+        op: ReduceOp,
+        fp: Fingerprint,
+        deadline: Deadline,
+    ) -> None:
+        header, check, between = self._enter(fp, "reduce_scatter", deadline)
+        if op.type is RedOpType.PREMUL_SUM:
+            flat_in = flat_in * op.factor_value()  # never scale the caller's input
+        with self._lane_errors("reduce_scatter"):
+            self.ring.reduce_scatter(
+                flat_in, out, combiner(op, out.dtype), header, check, between
+            )
+        finish_average(out, op, self.size)
+
+    def all_gather(
+        self, flat: torch.Tensor, src: torch.Tensor, fp: Fingerprint, deadline: Deadline
+    ) -> None:
+        header, check, between = self._enter(fp, "all_gather", deadline)
+        n = src.numel()
+        plan = [(r * n, n) for r in range(self.size)]
+        with self._lane_errors("all_gather"):
+            self.ring.all_gather(flat, plan, header, check, between, own=src)
+        mine = flat[self.rank * n : (self.rank + 1) * n]
+        if mine.data_ptr() != src.data_ptr():
+            mine.copy_(src)
+
+    def broadcast(
+        self, flat: torch.Tensor, root: int, fp: Fingerprint, deadline: Deadline
+    ) -> None:
+        header, check, between = self._enter(fp, "broadcast", deadline)
+        n = self.size
+        pos = (root - self.rank) % n  # 0: the root, n-1: the chain's end (root + 1)
+        nbytes = flat.numel() * flat.element_size()
+        count = 1 if n == 2 else max(1, min(_MAX_SEGMENTS, nbytes // _SEGMENT))
+        segs = [as_bytes(flat[a : a + k]) for a, k in spans(flat.numel(), count)]
+        step = self.ring.step
+        nothing = memoryview(b"")
+        with self._lane_errors("broadcast"):
+            if pos == 0:
+                for i, seg in enumerate(segs):
+                    step(seg, None, header if i == 0 else None, None, between)
+                step(None, nothing, None, check, between, header_in=True)  # the close
+                if n > 2:
+                    step(nothing, None, None, None, between)  # the second lap: all agreed
+                return
+            step(None, segs[0], None, check, between, header_in=True)
+            last = pos == n - 1
+            for i in range(1, count):
+                forward = None if last else segs[i - 1]
+                step(forward, segs[i], header if i == 1 else None, None, between, False)
+            if last:
+                step(nothing, None, header, None, between)  # close the chain
+                return
+            step(segs[-1], None, header if count == 1 else None, None, between)
+            # Only a rank past this one saw whether the ranks after it agree: wait for the
+            # root's word that the chain closed (forwarded down to the last middle rank).
+            step(None, nothing, None, None, between, header_in=False)
+            if pos < n - 2:
+                step(nothing, None, None, None, between)
+
+    # -- plumbing ------------------------------------------------------------------------
+    def _enter(
+        self, fp: Fingerprint, what: str, deadline: Deadline
+    ) -> tuple[memoryview, Check | None, Callable[[], None]]:
+        """Start a ring collective: its header, the check of the peer's, the wait hook."""
+        seq = self._begin(fp)
+        header = self._exchange.header(seq, fp)
+        waiter = self._waiter
+
+        def between() -> None:
+            waiter.check(deadline, what)
+
+        if not self._check:
+            return header, None, between
+        exchange, report, peer = self._exchange, waiter.report, (self.rank + 1) % self.size
+
+        def check(theirs: memoryview) -> None:
+            if exchange.differs(theirs):
+                other = decode(theirs)
+                if other is None:
+                    raise LaneProtocolError(f"rank {peer} sent a frame without an op header")
+                raise report.pairwise(what, (fp, seq), peer, other)
+
+        return header, check, between
+
+    def _lane_errors(self, what: str) -> _LaneErrors:
+        return _LaneErrors(self._waiter, what)
+
+
+class _LaneErrors:
+    """A peer's goodbye (or lost connection) inside a ring op, as the waiter words it."""
+
+    __slots__ = ("_waiter", "_what")
+
+    def __init__(self, waiter: GlooWaiter, what: str) -> None:
+        self._waiter = waiter
+        self._what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, LanePeerGone):
+            raise self._waiter.gone(exc, self._what) from None

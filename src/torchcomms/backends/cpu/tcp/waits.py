@@ -1,0 +1,248 @@
+"""``GlooWaiter``: how the tcp path waits for gloo, so every wait has a deadline and a name.
+
+* A collective's gloo work is waited on in short slices (``SLICE``, non-destructive for
+  gloo's collective works); between slices the waiter checks the abort flag, the peers'
+  liveness (``cpu.tcp.liveness``) and the op's deadline.
+* Send/recv do not use gloo (``transport/tcp/p2p``); their waits call ``check_p2p``.
+* A gloo error names no peer: a broken connection waits up to ``ATTRIBUTION_S`` for a
+  dying local peer's pid to show, then names it.
+* A timeout names the ranks that never entered the op (from the liveness watcher's
+  published sequence numbers), else the stopped ones, else says the transport stalled.
+
+``troubled`` records that a gloo call failed or was left running: its process group must
+never be destroyed (that would join the stuck call's thread).  Runs on the op's thread;
+``aborted`` may be set from any thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from torchcomms.backends.cpu.tcp.liveness import Liveness
+from torchcomms.backends.cpu.tcp.mismatch import MismatchReport
+from torchcomms.deadline import Deadline
+from torchcomms.fingerprint import Fingerprint
+from torchcomms.transport.errors import WaitError, ranks_text
+from torchcomms.transport.tcp.lane import Lane, LanePeerGone
+
+#: One wait slice: how soon a waiting op sees a dead peer, an abort or its deadline.
+SLICE = timedelta(milliseconds=50)
+_SLICE_S = SLICE.total_seconds()
+#: gloo's own timeouts (the process group's default, and per call when an op's timeout
+#: is longer) run this much past the op's deadline: a backstop, so ours names who is missing.
+GLOO_MARGIN_S = 5.0
+GLOO_MARGIN = timedelta(seconds=GLOO_MARGIN_S)
+#: How long a broken connection waits for a local peer's death to show before it is
+#: reported as a failure of an unnamed peer.
+ATTRIBUTION_S = 1.0
+
+
+class GlooWaiter:
+    """Waits of one gloo communicator (see the module docstring)."""
+
+    def __init__(
+        self,
+        rank: int,
+        dead_peers: Callable[[], list[int]],
+        liveness: Liveness | None,
+        seq: Callable[[], int],
+        lane: Lane | None = None,
+        report: MismatchReport | None = None,
+    ) -> None:
+        self.rank = rank
+        self.liveness = liveness
+        self._dead_peers = dead_peers
+        self._seq = seq
+        self.aborted = False
+        self.troubled = False
+        #: The communicator's lane: a gloo wait also listens there for a peer's goodbye
+        #: (a peer that failed says whom it blames, so this rank need not time out).
+        self.lane = lane
+        #: Mismatches seen in part (ring ops) made whole (``cpu.tcp.mismatch``).
+        self.report = report if report is not None else MismatchReport(None, rank, 1)
+        #: ``(fingerprint, seq)`` of the collective in flight, for a relayed mismatch.
+        self.current: tuple[Fingerprint, int] | None = None
+
+    def wait(
+        self, work: Any, deadline: Deadline, what: str, peers: Sequence[int] | None = None
+    ) -> None:
+        """Wait for one gloo call in slices; between them: abort, dead peers, the deadline.
+
+        ``peers``: the ranks a point-to-point op waits for (a collective names the ranks
+        that never entered it).
+        """
+        while True:
+            try:
+                work.wait(SLICE)
+                return
+            except RuntimeError:
+                if work.is_completed():
+                    self.troubled = True  # (if it raises) gloo's pairs may be broken
+                    try:
+                        work.wait()  # the call's own outcome: its error, or it just finished
+                    except RuntimeError as exc:
+                        raise self._explained(exc, what) from exc
+                    self.troubled = False
+                    return
+            try:
+                self._between_slices(deadline, what, peers, lane_news=True)
+            except WaitError:
+                self.troubled = True  # the call still runs inside gloo
+                raise
+
+    def check(self, deadline: Deadline, what: str) -> None:
+        """Between two wait slices of a collective: abort, dead peers, the deadline."""
+        self._between_slices(deadline, what, None)
+
+    def check_p2p(self, deadline: Deadline, what: str, peers: Sequence[int]) -> None:
+        """Between two wait slices of a send/recv with ``peers``: also the lane's news (a
+        peer's goodbye there, or its lost connection: how a remote death shows)."""
+        self._between_slices(deadline, what, peers, lane_news=True)
+
+    def gone(self, exc: LanePeerGone, what: str) -> WaitError:
+        """A lane peer's connection ended: adopt what it said, else find out who died."""
+        peer, said = exc.peer, exc.said
+        if said == "BYE":
+            return WaitError(
+                "peer_failed",
+                [peer],
+                f"peer rank {peer} finalized the communicator while this rank waited in {what}",
+            )
+        if said is not None:
+            kind, _, listed = said.partition(" ")[2].partition(" ")
+            ranks = [int(r) for r in listed.split(",") if r.strip().isdigit()]
+            lv = self.liveness
+            if kind == "dead" and ranks:
+                if not (lv is not None and lv.known_alive(ranks)):
+                    return _died(ranks, what, "(reported by the peer it waited for)")
+                return WaitError(  # they live (on this host): failed, as the peer saw it
+                    "peer_failed",
+                    ranks,
+                    f"{ranks_text(ranks)} failed while this rank waited in {what} (peer rank "
+                    f"{peer} reports them dead; this rank sees them alive)",
+                )
+            if kind == "peer" and ranks:
+                return WaitError(
+                    "peer_failed",
+                    ranks,
+                    f"{ranks_text(ranks)} failed while this rank waited in {what} "
+                    "(reported by the peer it waited for)",
+                )
+            if kind == "mismatch":
+                return self.report.relayed(what, self.current, listed, peer)
+            if kind == "timeout" and ranks:
+                return WaitError(
+                    "timeout",
+                    ranks,
+                    f"waiting for {ranks_text(ranks)} in {what} (the peer this rank waited "
+                    "for timed out waiting for them)",
+                )
+            dead = self._dead_peers()
+            if dead:  # the likely reason it failed
+                return _died(dead, what)
+            verb = "aborted its communicator" if kind == "aborted" else "failed"
+            return WaitError("peer_failed", [peer], f"peer rank {peer} {verb} (in {what})")
+        lv = self.liveness
+        remote = lv is not None and peer in lv.elsewhere()
+        # A local peer's death shows in its pid within moments; a remote one's never does,
+        # but its listener answers while it lives (``cpu.tcp.probe``).
+        dead = self._dead_soon(0.0 if remote else ATTRIBUTION_S)
+        if dead:
+            return _died(dead, what)
+        if remote and not (lv is not None and lv.answers(peer)):
+            return WaitError(
+                "dead",
+                [peer],
+                f"{ranks_text([peer])} died (process gone): its connection ended without a "
+                f"goodbye while this rank waited in {what}",
+            )
+        return WaitError(
+            "peer_failed",
+            [peer],
+            f"peer rank {peer} closed its connection while this rank waited in {what}",
+        )
+
+    def _explained(self, exc: RuntimeError, what: str) -> RuntimeError:
+        """A gloo error names no peer: a broken connection is usually a peer that is
+        dying right now, so give its pid a moment to show it (the failure path only)."""
+        text = str(exc).strip()
+        if not _broken(text):
+            return exc
+        dead = self._dead_soon(ATTRIBUTION_S)
+        if not dead:
+            return exc
+        return _died(dead, what, f"({text})")
+
+    def _dead_soon(self, within_s: float) -> list[int]:
+        """The dead local peers, polled for up to ``within_s`` until one shows."""
+        give_up = time.monotonic() + within_s
+        while True:
+            dead = self._dead_peers()
+            if dead or time.monotonic() >= give_up:
+                return dead
+            time.sleep(0.01)
+
+    def _between_slices(
+        self,
+        deadline: Deadline,
+        what: str,
+        peers: Sequence[int] | None,
+        lane_news: bool = False,
+    ) -> None:
+        if self.aborted:
+            raise WaitError("aborted", [], f"{what}: the communicator was aborted")
+        dead = self._dead_peers()
+        if dead:
+            raise _died(dead, what)
+        if lane_news and self.lane is not None:
+            gone = self.lane.news()
+            # A finalize is news only to a collective (every member takes part) or to a
+            # send/recv with that very peer; other peers may well be done.
+            if gone is not None and (gone.said != "BYE" or peers is None or gone.peer in peers):
+                raise self.gone(gone, what)
+        if time.monotonic() >= deadline.end:
+            raise self._timed_out(what, peers)
+
+    def _timed_out(self, what: str, peers: Sequence[int] | None) -> WaitError:
+        """The timeout, naming who never entered the op (or, else, who is stopped)."""
+        lv = self.liveness
+        if peers is not None:
+            return WaitError("timeout", peers, f"waiting for {ranks_text(peers)} in {what}")
+        missing = None if lv is None else lv.missing(self._seq())
+        if missing is None and lv is not None and lv.elsewhere():
+            far = lv.elsewhere()
+            return WaitError(
+                "timeout",
+                far,
+                f"waiting in {what}; the store cannot be read, so {ranks_text(far)} on other "
+                "hosts may be unreachable",
+            )
+        if missing:
+            return WaitError(
+                "timeout",
+                missing,
+                f"waiting for {ranks_text(missing)}, which never entered {what} "
+                f"(collective #{self._seq()} of this comm)",
+            )
+        stopped = [] if lv is None else lv.stopped()
+        if stopped:
+            return WaitError(
+                "timeout", stopped, f"in {what}: {ranks_text(stopped)} stopped (not running)"
+            )
+        return WaitError(
+            "timeout", [], f"in {what}: every rank entered it, but the transport made no progress"
+        )
+
+
+def _died(dead: Sequence[int], what: str, detail: str = "") -> WaitError:
+    text = f"{ranks_text(dead)} died (process gone) while this rank waited in {what}"
+    return WaitError("dead", dead, f"{text} {detail}" if detail else text)
+
+
+def _broken(text: str) -> bool:
+    """Whether a gloo error says a connection broke (closed or reset by the peer)."""
+    lowered = text.lower()
+    return "closed" in lowered or "reset" in lowered

@@ -1,0 +1,103 @@
+"""The one table of communicator ops the compile layer knows: each op's arguments, by kind.
+
+Everything per-op in the compile layer is derived from ``OPS``: the custom op's schema and
+eager kernel (``ops``), what a traced call emits (``traced``) and the methods of the opaque
+communicator that Dynamo inlines (``opaque``).  Adding an op is one row here.
+
+A row is the ``TorchComm`` method's name and the kinds of its arguments before
+``async_op``; the argument names are read from the method's signature, so a traced call
+binds positional and keyword arguments exactly as the eager method does.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+from torchcomms.comm import TorchComm
+
+#: Argument kinds: how each becomes schema types (``RED`` is a reduce op, flattened to three).
+TENSOR, OUT, TENSORS, OUTS, INT, INTS, BOOLS, RED = (
+    "tensor",
+    "out",
+    "tensors",
+    "outs",
+    "int",
+    "ints",
+    "bools",
+    "red",
+)
+_SCHEMA = {
+    TENSOR: "Tensor {}",
+    OUT: "Tensor(a!) {}",
+    TENSORS: "Tensor[] {}",
+    OUTS: "Tensor(a!)[] {}",
+    INT: "int {}",
+    INTS: "int[] {}",
+    BOOLS: "bool[] {}",
+    RED: "int red, float? factor, Tensor? factor_tensor",
+}
+#: How many schema arguments one argument of a kind becomes.
+WIDTH = {kind: 3 if kind == RED else 1 for kind in _SCHEMA}
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One communicator op: its method, its custom op's name, its arguments' names and kinds."""
+
+    method: str
+    names: tuple[str, ...]
+    kinds: tuple[str, ...]
+
+    @property
+    def op(self) -> str:
+        """The sync custom op's name (``all_reduce_``); ``ops.async_name`` gives the async one."""
+        return self.method + "_"
+
+    def schema(self) -> str:
+        """The op's own arguments as schema text (the common head and tail are added by ``ops``)."""
+        return ", ".join(_SCHEMA[k].format(n) for n, k in zip(self.names, self.kinds, strict=True))
+
+    def mutated(self) -> tuple[int, ...]:
+        """Positions, among the flattened arguments, of the tensors the op writes."""
+        out, at = [], 0
+        for kind in self.kinds:
+            if kind in (OUT, OUTS):
+                out.append(at)
+            at += WIDTH[kind]
+        return tuple(out)
+
+
+#: method -> the kinds of its arguments before ``async_op``.
+_ROWS: dict[str, tuple[str, ...]] = {
+    "all_reduce": (OUT, RED),
+    "reduce": (OUT, INT, RED),
+    "broadcast": (OUT, INT),
+    "all_gather": (OUTS, TENSOR),
+    "all_gather_v": (OUTS, TENSOR),
+    "all_gather_single": (OUT, TENSOR),
+    "reduce_scatter": (OUT, TENSORS, RED),
+    "reduce_scatter_v": (OUT, TENSORS, RED),
+    "reduce_scatter_single": (OUT, TENSOR, RED),
+    "all_to_all": (OUTS, TENSORS),
+    "all_to_all_single": (OUT, TENSOR),
+    "all_to_all_v_single": (OUT, TENSOR, INTS, INTS),
+    "scatter": (OUT, TENSORS, INT),
+    "gather": (OUTS, TENSOR, INT),
+    "gather_single": (OUT, TENSOR, INT),
+    "send": (TENSOR, INT),
+    "recv": (OUT, INT),
+    "barrier": (),
+}
+
+
+def _spec(method: str, kinds: tuple[str, ...]) -> OpSpec:
+    params = list(inspect.signature(getattr(TorchComm, method)).parameters)[1:]
+    if params[len(kinds)] != "async_op":
+        raise RuntimeError(f"torchcomms.functional.table: {method}'s arguments are not {kinds}")
+    return OpSpec(method, tuple(params[: len(kinds)]), kinds)
+
+
+OPS: tuple[OpSpec, ...] = tuple(_spec(m, k) for m, k in _ROWS.items())
+#: A batch of sends and receives (``batch_op_create().issue()``), in the order they were queued.
+BATCH = OpSpec("batch_issue", ("sends", "recvs", "is_recv", "peers"), (TENSORS, OUTS, BOOLS, INTS))

@@ -1,0 +1,9 @@
+"""Direct TCP connections, driven on the op's own thread (no gloo thread hand-offs).
+
+* ``lane``: small all_gathers over direct connections;
+* ``ring``: large collectives over the lane's round-0 connections;
+* ``p2p``: point-to-point messages, connections dialled on first use;
+* ``wire``: ``p2p``'s frame format and per-connection records.
+
+Never imports ``transport.shm`` or ``transport.gloo``.
+"""

@@ -1,0 +1,466 @@
+"""``Lane``: a communicator's small all_gathers over direct TCP connections, on the op's thread.
+
+Why not gloo: from Python, every gloo call crosses three threads on each rank (the
+caller, the process group's worker, gloo's socket loop).  On a small or busy host those
+hand-offs, not the bytes, are most of a small op's time (hundreds of microseconds on 2
+cores).  The lane writes to its sockets and blocks in ``poll`` on the calling thread: one
+wake-up per round.  The tcp path sends every collective's header (and small payloads)
+through it, so the mismatch check rides in the same messages as the data.
+
+**Algorithm.**  Bruck's all_gather: ``ceil(log2 n)`` rounds; in round ``k`` (``d = 2**k``)
+rank ``r`` sends the blocks it holds, ``r .. r+c-1`` (``c = min(d, n - d)``), to ``r - d``
+and receives ``r+d .. r+d+c-1`` from ``r + d`` (mod ``n``).  Each rank holds one
+connection per round and direction: it dials the rank it receives from in that round
+(saying ``HI token rank round``) and accepts the one it sends to, so ``2 ceil(log2 n)``
+sockets per rank, with ``TCP_NODELAY``.
+
+**Frames.**  ``u32 length`` then the body: ``c`` blocks, each ``u32 length`` + bytes.  A
+length of ``0xFFFFFFFF`` starts a control frame (``u32 length`` + UTF-8 text): ``BYE``
+(the communicator was finalized) or ``FAILED kind ranks`` (it failed, blaming ``ranks``).
+A connection that ends without either means the peer's process is gone.
+
+**Waits.**  First a short spin (``spin_s``, only when every rank of this host has a
+core: a poll wake-up of an idle vCPU costs 0.1-4 ms on a small VM, far more than the
+bytes), then ``poll`` in slices of ``SLICE_MS``; between slices the caller's ``between``
+callback checks the abort flag, the peers' liveness and the deadline (it raises).
+Sends are non-blocking, progressed in the same loop, so no pair of ranks can deadlock.
+
+Threads: one op at a time per communicator runs ``all_gather`` (the op's thread);
+``goodbye`` and ``close`` run on the thread that fails or closes the communicator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import struct
+import time
+from collections.abc import Callable, Sequence
+
+#: How long one ``poll`` may block before the caller's checks run.
+SLICE_MS = 50
+#: How long a receive spins (non-blocking reads) before it blocks in ``poll``, when
+#: spinning is allowed (``Lane(spin_s=...)``).
+SPIN_S = 100e-6
+_U32 = struct.Struct("<I")
+_CONTROL = 0xFFFF_FFFF
+_START_CAP = 1 << 16
+_IN = select.POLLIN | select.POLLPRI
+_BAD = select.POLLERR | select.POLLHUP | select.POLLNVAL
+
+
+class LanePeerGone(Exception):
+    """A peer's connection ended: ``said`` is its goodbye (``BYE``, ``FAILED …``) or None."""
+
+    def __init__(self, peer: int, said: str | None) -> None:
+        super().__init__(f"rank {peer}: {said or 'connection ended without a goodbye'}")
+        self.peer = peer
+        self.said = said
+
+
+class LaneProtocolError(RuntimeError):
+    """A peer sent bytes that are not a lane frame (another program on the port?)."""
+
+
+class LaneOversize(LaneProtocolError):
+    """A block larger than the exchange's rows: the peer runs another op (a ring op's frame
+    carries more).  ``head`` is the block's first bytes (where a header sits)."""
+
+    def __init__(self, peer: int, length: int, cap: int, head: bytes) -> None:
+        super().__init__(f"rank {peer} sent a block of {length} B (at most {cap} fit)")
+        self.peer = peer
+        self.head = head
+
+
+def rounds(rank: int, size: int) -> list[tuple[int, int]]:
+    """``(send_to, recv_from)`` of each round of Bruck's all_gather."""
+    out = []
+    d = 1
+    while d < size:
+        out.append(((rank - d) % size, (rank + d) % size))
+        d *= 2
+    return out
+
+
+class _Inbox:
+    """Bytes read from one connection and not consumed yet (one frame at a time)."""
+
+    __slots__ = ("_body", "buf", "end", "eof", "sock", "start", "view")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray(_START_CAP)
+        self.view = memoryview(self.buf)
+        self.start = 0
+        self.end = 0
+        self.eof = False
+        self._body = 0
+
+    def fill(self) -> None:
+        """Read what is there (non-blocking); at the end of the stream set ``eof``."""
+        if self.end == len(self.buf):
+            self._make_room(self.end - self.start + 1)
+        try:
+            got = self.sock.recv_into(self.view[self.end :])
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            got = 0  # reset: the peer is gone
+        if got == 0:
+            self.eof = True
+        self.end += got
+
+    def _make_room(self, need: int) -> None:
+        held = self.end - self.start
+        if need > len(self.buf):
+            grown = bytearray(max(need, 2 * len(self.buf)))
+            grown[:held] = self.view[self.start : self.end]
+            self.view.release()
+            self.buf, self.view = grown, memoryview(grown)
+        else:
+            self.view[:held] = self.view[self.start : self.end]
+        self.start, self.end = 0, held
+
+    def frame(self, peer: int) -> memoryview | None:
+        """The next complete frame's body, or None; raises on a goodbye or a lost peer."""
+        held = self.end - self.start
+        if held >= 4:
+            length = _U32.unpack_from(self.buf, self.start)[0]
+            if length == _CONTROL:
+                if held >= 8:
+                    text_len = _U32.unpack_from(self.buf, self.start + 4)[0]
+                    if held >= 8 + text_len:
+                        at = self.start + 8
+                        said = bytes(self.view[at : at + text_len]).decode(errors="replace")
+                        raise LanePeerGone(peer, said)
+            elif held >= 4 + length:
+                self._body = length
+                return self.view[self.start + 4 : self.start + 4 + length]
+            elif 4 + length > len(self.buf) - self.start:
+                self._make_room(4 + length)
+        if self.eof:
+            raise LanePeerGone(peer, None)
+        return None
+
+    def consume(self) -> None:
+        self.start += 4 + self._body
+        if self.start == self.end:
+            self.start = self.end = 0
+
+    def read_into(self, dst: memoryview) -> int:
+        """Bytes into ``dst``: buffered ones first, then straight from the socket (no copy
+        through the buffer).  How many; 0 when none are there yet; -1 at the end."""
+        held = self.end - self.start
+        if held:
+            n = min(held, len(dst))
+            dst[:n] = self.view[self.start : self.start + n]
+            self.start += n
+            if self.start == self.end:
+                self.start = self.end = 0
+            return n
+        if self.eof:
+            return -1
+        try:
+            got = self.sock.recv_into(dst)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError:
+            got = 0  # reset: the peer is gone
+        if got == 0:
+            self.eof = True
+            return -1
+        return got
+
+
+class LaneRound:
+    """One round's two connections: ``out`` to ``send_to``, ``inbox`` from ``recv_from``."""
+
+    __slots__ = ("inbox", "out", "poller", "recv_from", "send_to")
+
+    def __init__(self, send_to: int, recv_from: int, out: socket.socket, inp: socket.socket):
+        self.send_to = send_to
+        self.recv_from = recv_from
+        self.out = out
+        self.inbox = _Inbox(inp)
+        self.poller = select.poll()
+        self.poller.register(inp, _IN)
+
+
+class Lane:
+    """The connected lane of one rank (see the module docstring)."""
+
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        send_socks: Sequence[socket.socket],
+        recv_socks: Sequence[socket.socket],
+        spin_s: float = 0.0,
+    ) -> None:
+        self.rank = rank
+        self.size = size
+        #: How long a receive spins before blocking (0: never; see the module docstring).
+        self.spin_s = spin_s
+        self._rounds = [
+            LaneRound(to, frm, s, r)
+            for (to, frm), s, r in zip(rounds(rank, size), send_socks, recv_socks, strict=True)
+        ]
+        self._said_goodbye = False
+
+    def all_gather(
+        self,
+        rows: memoryview,
+        cap: int,
+        lengths: list[int],
+        between: Callable[[], None],
+    ) -> None:
+        """Every rank's block into ``rows`` (``size`` rows of ``cap`` bytes).
+
+        The caller wrote its own block into its row and its length into ``lengths[rank]``;
+        on return ``lengths`` holds every rank's.  ``between`` runs between wait slices and
+        raises to give up (the connections then hold a partial exchange: the communicator
+        must not be used again).
+        """
+        size, rank = self.size, self.rank
+        have = 1
+        pack = _U32.pack
+        for rd in self._rounds:
+            count = min(have, size - have)
+            parts: list[bytes | memoryview] = [b""]
+            total = 0
+            for j in range(count):
+                b = (rank + j) % size
+                length = lengths[b]
+                parts.append(pack(length))
+                parts.append(rows[b * cap : b * cap + length])
+                total += 4 + length
+            parts[0] = pack(total)
+            unsent = _send(rd.out, parts, 4 + total)
+            inbox = rd.inbox
+            body = inbox.frame(rd.recv_from)
+            if body is None:
+                inbox.fill()
+                body = inbox.frame(rd.recv_from)
+                if body is None and unsent is None and self.spin_s:
+                    body = self._spin(rd)
+            while body is None or unsent is not None:
+                if unsent is not None:
+                    rd.poller.register(rd.out, select.POLLOUT)
+                events = rd.poller.poll(SLICE_MS)
+                if unsent is not None:
+                    rd.poller.unregister(rd.out)
+                if not events:
+                    between()
+                    continue
+                for fd, ev in events:
+                    if fd == rd.out.fileno() and unsent is not None:
+                        unsent = _send_rest(rd.out, unsent)
+                    elif ev & (_IN | _BAD) and body is None:
+                        inbox.fill()
+                if body is None:
+                    body = inbox.frame(rd.recv_from)
+            at = 0
+            for j in range(count):
+                b = (rank + have + j) % size
+                length = _U32.unpack_from(body, at)[0]
+                if length > cap or at + 4 + length > len(body):
+                    head = bytes(body[at + 4 : at + 4 + min(length, 64)])
+                    raise LaneOversize(rd.recv_from, length, cap, head)
+                rows[b * cap : b * cap + length] = body[at + 4 : at + 4 + length]
+                lengths[b] = length
+                at += 4 + length
+            inbox.consume()
+            have += count
+
+    def ring_round(self) -> LaneRound:
+        """Round 0's connections: to ``rank - 1`` and from ``rank + 1`` (``transport.tcp.ring``)."""
+        return self._rounds[0]
+
+    def _spin(self, rd: LaneRound) -> memoryview | None:
+        """Read without blocking for up to ``spin_s``: the frame, or None.  A pass asks the
+        round's ``poll`` first (0.7 us) and reads only when it says so: a ``recv`` that
+        finds nothing costs 3 us, its ``BlockingIOError`` included."""
+        inbox = rd.inbox
+        readable = rd.poller.poll
+        give_up = time.perf_counter() + self.spin_s
+        while time.perf_counter() < give_up:
+            if not readable(0):
+                continue
+            inbox.fill()
+            body = inbox.frame(rd.recv_from)
+            if body is not None:
+                return body
+        return None
+
+    def news(self) -> LanePeerGone | None:
+        """A goodbye (or a lost connection) waiting at the head of a connection, read
+        without blocking; data frames stay where they are.  For waits outside the lane."""
+        for rd in self._rounds:
+            inbox = rd.inbox
+            inbox.fill()
+            try:
+                inbox.frame(rd.recv_from)
+            except LanePeerGone as gone:
+                return gone
+        return None
+
+    def goodbye(self, text: str) -> None:
+        """Tell every rank that receives from this one why it will not hear from it again."""
+        if self._said_goodbye:
+            return
+        self._said_goodbye = True
+        data = text.encode()
+        frame = _U32.pack(_CONTROL) + _U32.pack(len(data)) + data
+        for rd in self._rounds:
+            with contextlib.suppress(OSError):
+                rd.out.send(frame)  # best effort: a full buffer means the reader is gone
+
+    def close(self) -> None:
+        """Say ``BYE`` (unless a failure was said) and close every connection."""
+        self.goodbye("BYE")
+        for rd in self._rounds:
+            for sock in (rd.out, rd.inbox.sock):
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+
+def _send(sock: socket.socket, parts: list[bytes | memoryview], total: int) -> bytes | None:
+    """Send without blocking; what did not fit, or None."""
+    try:
+        sent = sock.sendmsg(parts)
+    except (BlockingIOError, InterruptedError):
+        sent = 0
+    except OSError:
+        return None  # the peer is gone; its end of the exchange will say so
+    if sent == total:
+        return None
+    return b"".join(bytes(p) for p in parts)[sent:]
+
+
+def send_some(
+    sock: socket.socket, parts: list[memoryview | bytes]
+) -> list[memoryview | bytes] | None:
+    """Send what a non-blocking socket takes now: the parts left (``parts`` itself if
+    nothing went), or None when the connection is broken.  For ``transport.tcp.ring`` and
+    ``transport.tcp.p2p``, whose sends are large and progress between reads."""
+    try:
+        sent = sock.sendmsg(parts)
+    except (BlockingIOError, InterruptedError):
+        return parts
+    except OSError:
+        return None
+    if sent == 0:
+        return parts
+    left: list[memoryview | bytes] = []
+    for i, p in enumerate(parts):
+        if sent >= len(p):
+            sent -= len(p)
+            continue
+        left.append(memoryview(p)[sent:] if sent else p)
+        left.extend(parts[i + 1 :])
+        break
+    return left
+
+
+def _send_rest(sock: socket.socket, rest: bytes) -> bytes | None:
+    try:
+        sent = sock.send(rest)
+    except (BlockingIOError, InterruptedError):
+        return rest
+    except OSError:
+        return None
+    return rest[sent:] or None
+
+
+# -- connecting ------------------------------------------------------------------------------
+def listen(host: str) -> socket.socket:
+    """This rank's lane listener on ``host`` (an ephemeral port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.bind((host, 0))
+    sock.listen(64)
+    return sock
+
+
+def connect(
+    listener: socket.socket,
+    token: str,
+    rank: int,
+    size: int,
+    address_of: Callable[[int], tuple[str, int, str]],
+    deadline_end: float,
+    between: Callable[[list[int]], None],
+    spin_s: float = 0.0,
+) -> Lane:
+    """Dial this rank's senders and accept its receivers (``spin_s``: ``Lane``'s).
+
+    ``listener`` was published with ``token`` (dialers must say it); ``address_of(r)``
+    returns ``r``'s ``(host, port, token)`` and may block until ``r`` published them.
+    ``between(missing)`` runs while waiting for the ranks still to dial in and raises to
+    give up (their names, a dead process, the deadline).  Closes ``listener``.
+    """
+    plan = rounds(rank, size)
+    recv_socks: list[socket.socket] = []
+    send_socks: list[socket.socket | None] = [None] * len(plan)
+    try:
+        for k, (_, recv_from) in enumerate(plan):
+            host, port, theirs = address_of(recv_from)
+            left = max(deadline_end - time.monotonic(), 0.1)
+            sock = socket.create_connection((host, port), timeout=left)
+            recv_socks.append(sock)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(f"HI {theirs} {rank} {k}\n".encode())
+            sock.setblocking(False)
+        listener.setblocking(False)
+        waiting = select.poll()  # poll, not select: a long-lived process may hold fds > 1024
+        waiting.register(listener, _IN)
+        while any(s is None for s in send_socks):
+            if not waiting.poll(SLICE_MS):
+                between([plan[k][0] for k, s in enumerate(send_socks) if s is None])
+                continue
+            try:
+                conn, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                continue
+            slot = _hello(conn, token, plan, deadline_end)
+            if slot is None or send_socks[slot] is not None:
+                conn.close()  # not one of ours (a stray client): ignore it
+                continue
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.setblocking(False)
+            send_socks[slot] = conn
+    except BaseException:
+        for s in [*recv_socks, *send_socks]:
+            if s is not None:
+                s.close()
+        raise
+    finally:
+        listener.close()
+    return Lane(rank, size, [s for s in send_socks if s is not None], recv_socks, spin_s)
+
+
+def _hello(
+    conn: socket.socket, token: str, plan: list[tuple[int, int]], deadline_end: float
+) -> int | None:
+    """The round a dialling peer serves (``HI token rank round``), or None if it is not one."""
+    conn.settimeout(max(min(deadline_end - time.monotonic(), 5.0), 0.1))
+    data = b""
+    try:
+        while not data.endswith(b"\n") and len(data) < 256:
+            chunk = conn.recv(256 - len(data))
+            if not chunk:
+                return None
+            data += chunk
+    except OSError:
+        return None
+    words = data.decode(errors="replace").split()
+    if len(words) != 4 or words[0] != "HI" or words[1] != token:
+        return None
+    try:
+        peer, k = int(words[2]), int(words[3])
+    except ValueError:
+        return None
+    if not 0 <= k < len(plan) or plan[k][0] != peer:
+        return None
+    return k

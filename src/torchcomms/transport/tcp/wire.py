@@ -1,0 +1,113 @@
+"""The wire format and per-connection records of ``transport.tcp.p2p`` (its module docstring says how
+they are used): the frame head, the goodbye marker, a posted ``Transfer``, the outgoing and
+incoming connection of one peer, and the hello line a dialling peer sends first.
+
+Everything here is plain data; the engine's driver thread reads and writes it.
+"""
+
+from __future__ import annotations
+
+import collections
+import socket
+import struct
+import time
+
+HEAD = struct.Struct("<Qq")
+U32 = struct.Struct("<I")
+GOODBYE = (1 << 64) - 1
+#: Per connection: frames up to this size (head included) are read whole into it.
+READ_BUF = 64 << 10
+
+
+class Transfer:
+    """One posted send or receive; ``done`` once its bytes moved, ``error`` if it failed.
+
+    ``owner``: what keeps ``view``'s memory alive while the op is posted, when ``view``
+    does not (a non-owning view of a tensor): a receive that outlives its wait (a
+    timeout) may still be written into."""
+
+    __slots__ = ("done", "error", "length", "owner", "peer", "tag", "view")
+
+    def __init__(self, peer: int, tag: int, view: memoryview, owner: object = None) -> None:
+        self.peer = peer
+        self.tag = tag
+        self.view = view
+        self.owner = owner
+        self.length = len(view)
+        self.done = False
+        self.error: BaseException | None = None
+
+
+class OutConn:
+    """This rank's connection to one peer, and the sends queued on it."""
+
+    __slots__ = ("parts", "queue", "sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.queue: collections.deque[Transfer] = collections.deque()
+        self.parts: list[memoryview | bytes] = []  # the head send's unsent bytes
+
+
+class InConn:
+    """A connection from one peer: its read buffer, and the large frame being read.
+
+    ``buf[start:end]`` holds bytes read but not yet parsed.  ``into`` is set while a
+    frame too large for the buffer is read straight into ``target`` (``got`` bytes in):
+    its receive, or a new ``bytearray`` when none is posted yet."""
+
+    __slots__ = (
+        "buf",
+        "end",
+        "eof",
+        "got",
+        "into",
+        "mv",
+        "peer",
+        "said",
+        "sock",
+        "start",
+        "tag",
+        "target",
+    )
+
+    def __init__(self, sock: socket.socket, peer: int) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.buf = bytearray(READ_BUF)
+        self.mv = memoryview(self.buf)
+        self.start = 0
+        self.end = 0
+        self.into: Transfer | bytearray | None = None
+        self.target = self.mv
+        self.got = 0
+        self.tag = 0
+        self.eof = False
+        self.said: str | None = None
+
+
+def hello(conn: socket.socket, token: str) -> int | None:
+    """The rank of a dialling peer (``HI token rank``), or None if it is not one.  Reads
+    exactly the line: the peer's first message may follow it in the same segment."""
+    conn.settimeout(2.0)
+    try:
+        while True:
+            data = conn.recv(128, socket.MSG_PEEK)
+            if not data:
+                return None
+            end = data.find(b"\n")
+            if end >= 0:
+                data = conn.recv(end + 1)
+                break
+            if len(data) >= 128:
+                return None
+            time.sleep(0.001)
+    except OSError:
+        return None
+    words = data.decode(errors="replace").split()
+    if len(words) != 3 or words[0] != "HI" or words[1] != token:
+        return None
+    try:
+        return int(words[2])
+    except ValueError:
+        return None
