@@ -33,9 +33,11 @@ Concurrency model
   never past the deadline. Ranks still running at the end are sent ``SIGUSR1`` and their
   faulthandler stack dumps are read back from the dump files into the message (so they
   show up in the assertion, not only in captured stderr). Everything is raised as one
-  :class:`RankFailure`. The workers of a failed task (error, death or timeout) are
-  SIGKILLed and reaped, so later tasks run on fresh processes: tests may leave broken
-  state (half-open sockets, stuck threads) behind.
+  :class:`RankFailure`. The workers of the ranks that failed (error, death or timeout) are
+  SIGKILLed and reaped, so later tasks run on fresh processes: a failing rank may leave
+  broken state (half-open sockets, stuck threads) behind. The ranks of a failed task that
+  returned normally stay in the pool: a test that kills one rank on purpose costs one
+  spawn, not a whole world.
 
 Functions are pickled by reference, so they must be module-level functions in an importable
 module (``tests`` is a package and the repository root is on the workers' ``sys.path``).
@@ -535,7 +537,8 @@ def run_ranks(
     ``env`` entries are set in every rank for the duration of the task (``None`` unsets).
     ``fresh=True`` runs the task on brand-new processes that are discarded afterwards, for
     tests that need a pristine interpreter. Raises :class:`RankFailure` if any rank raises,
-    dies or misses the deadline; the workers of a failed task are killed.
+    dies or misses the deadline; the workers of the ranks that did are killed (those that
+    returned normally are kept).
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -553,7 +556,19 @@ def run_ranks(
             results = _dispatch_task(
                 workers, fn, payload, timeout * scale, dict(env or {}), FAILURE_GRACE_S * scale
             )
-        except BaseException:  # also KeyboardInterrupt: the workers are mid-task
+        except RankFailure as failure:
+            # Ranks that returned normally are clean (their function ran to its end) and stay
+            # in the pool: a test that kills one rank costs one new worker, not the world.
+            bad = set(failure.errors) | set(failure.died) | set(failure.timed_out)
+            finished = [w for rank, w in enumerate(workers) if rank not in bad]
+            broken = [w for rank, w in enumerate(workers) if rank in bad]
+            if fresh:
+                _kill_workers(broken)
+                _shutdown_workers(finished)
+            else:
+                _harness.discard(broken)
+            raise
+        except BaseException:  # e.g. KeyboardInterrupt: the workers are mid-task
             if fresh:
                 _kill_workers(workers)
             else:

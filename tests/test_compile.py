@@ -8,12 +8,14 @@ second call must reuse the graph), compares the results bit for bit (integer-val
 data), and counts graphs with a ``CompileCounterWithBackend`` (exactly one per case) and
 graph breaks with ``torch._dynamo.utils.counters`` (none).
 
-The default run compiles, at world 2 over shm (Inductor) and world 3 over tcp
-(``aot_eager``: Dynamo, AOTAutograd and functionalization without Inductor's codegen, to
-keep the 3-rank run short on 2 cores), one graph covering five cases and one graph for each
-of the other four; then the autograd cases, what reaches the eager path (hints, timeouts,
-hooks, an unwaited async op) and the flag unset.  ``-m compile_matrix`` compiles every
-case on its own with Inductor at worlds 2 and 3 over both transports.
+The default run spawns one world of 2 with the flag set and, over shm and over tcp, compiles
+one graph covering five cases and one graph for each of the other four (the combined graph on
+shm by Inductor, the rest by ``aot_eager``: Dynamo, AOTAutograd and functionalization without
+Inductor's C++ codegen, which costs seconds per graph on 2 cores); then the autograd cases and
+what reaches the eager path (hints, timeouts, hooks, an unwaited async op).  The flag unset
+runs on the harness's pooled workers.  ``-m compile_matrix`` compiles every case on its own
+with Inductor at worlds 2 and 3 over both transports, and the combined graphs at world 3
+over tcp.
 """
 
 from __future__ import annotations
@@ -66,18 +68,19 @@ def _graph_breaks() -> int:
     return sum(counters["graph_break"].values())
 
 
-def compile_rank(
-    ctx: RankContext, transport: str, names: list[str], backend: str
+def compile_cases_on(
+    comm: Any, names: list[str], backends: dict[str, str], default: str
 ) -> dict[str, Any]:
-    """Run the named cases (``"combined"``: one graph of several) eager, then compiled."""
+    """Run the named cases (``"combined"``: one graph of several) eager, then compiled with
+    ``backends.get(name, default)``, twice each (the second call must reuse the graph)."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     import torchcomms.functional as functional
 
-    comm = _comm(ctx, transport, f"compile_{transport}")
     rank, size = comm.get_rank(), comm.get_size()
     fns = {case.name: (case.fn, case.inputs) for case in compile_cases.CASES}
     fns["combined"] = (compile_cases.combined, fns["all_reduce"][1])
+    breaks = _graph_breaks()
     report: dict[str, Any] = {
         "class": type(comm).__name__,
         "enabled": functional.is_torch_compile_supported_and_enabled(),
@@ -88,14 +91,23 @@ def compile_rank(
     for name in names:
         fn, inputs = fns[name]
         eager = fn(comm, *inputs(rank, size))
-        counter = CompileCounterWithBackend(backend)
+        counter = CompileCounterWithBackend(backends.get(name, default))
         compiled = torch.compile(fn, fullgraph=True, backend=counter)
         for call in range(2):
             got = compiled(comm, *inputs(rank, size))
             report["failures"] += _diff(f"{name} call {call}", eager, got)
             report["checked"] += len(got)
         report["frames"][name] = counter.frame_count
-    report["graph_breaks"] = _graph_breaks()
+    report["graph_breaks"] = _graph_breaks() - breaks
+    return report
+
+
+def compile_rank(
+    ctx: RankContext, transport: str, names: list[str], backend: str
+) -> dict[str, Any]:
+    """The named cases on a fresh comm over ``transport``, every one compiled by ``backend``."""
+    comm = _comm(ctx, transport, f"compile_{transport}")
+    report = compile_cases_on(comm, names, {}, backend)
     comm.finalize()
     return report
 
@@ -108,22 +120,6 @@ def _check(reports: list[dict[str, Any]], names: list[str]) -> None:
         assert report["frames"] == dict.fromkeys(names, 1), f"rank {rank}: {report['frames']}"
         assert report["graph_breaks"] == 0
         assert report["checked"] > 0
-
-
-def test_combined_graph_shm_world2(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Most ops (all_reduce incl. PREMUL_SUM, all_gather*, reduce_scatter*, all_to_all*,
-    send/recv, barrier) in one graph, compiled by Inductor, called twice."""
-    _enabled(monkeypatch)
-    names = ["combined", "reduce", "broadcast", "scatter_gather", "batch"]
-    reports = run_ranks(compile_rank, 2, "shm", names, "inductor", timeout=600.0, fresh=True)
-    _check(reports, names)
-
-
-def test_combined_graph_tcp_world3(monkeypatch: pytest.MonkeyPatch) -> None:
-    _enabled(monkeypatch)
-    names = ["combined", "reduce", "broadcast", "scatter_gather", "batch"]
-    reports = run_ranks(compile_rank, 3, "tcp", names, "aot_eager", timeout=600.0, fresh=True)
-    _check(reports, names)
 
 
 CASE_NAMES = [case.name for case in compile_cases.CASES]
@@ -142,6 +138,14 @@ def test_every_case_compiled_alone(
     _check(reports, CASE_NAMES)
 
 
+@pytest.mark.compile_matrix
+def test_combined_graph_tcp_world3(monkeypatch: pytest.MonkeyPatch) -> None:
+    _enabled(monkeypatch)
+    names = ["combined", "reduce", "broadcast", "scatter_gather", "batch"]
+    reports = run_ranks(compile_rank, 3, "tcp", names, "aot_eager", timeout=600.0, fresh=True)
+    _check(reports, names)
+
+
 def test_cases_cover_every_op() -> None:
     from torchcomms.functional.opaque import OPERATIONS
 
@@ -150,9 +154,8 @@ def test_cases_cover_every_op() -> None:
 
 
 # -- autograd -------------------------------------------------------------------------------------
-def autograd_rank(ctx: RankContext, transport: str) -> dict[str, Any]:
+def autograd_on(comm: Any) -> dict[str, Any]:
     """Gradients through waits, and a leaf that requires grad written in place, as eager."""
-    comm = _comm(ctx, transport, "compile_grad")
     rank = comm.get_rank()
     out: dict[str, Any] = {}
     compiled = torch.compile(compile_cases.autograd, fullgraph=True, backend="aot_eager")
@@ -181,13 +184,10 @@ def autograd_rank(ctx: RankContext, transport: str) -> dict[str, Any]:
             (leaf.is_leaf, leaf.grad_fn is None, leaf.detach().tolist(), leaf.grad.tolist())
         )
     out["leaf"] = seen
-    comm.finalize()
     return out
 
 
-def test_autograd_through_waits(monkeypatch: pytest.MonkeyPatch) -> None:
-    _enabled(monkeypatch)
-    reports = run_ranks(autograd_rank, 2, "shm", timeout=600.0, fresh=True)
+def _check_autograd(reports: list[dict[str, Any]]) -> None:
     for rank, report in enumerate(reports):
         assert report["grads_equal"], report
         assert len(set(report["losses"])) == 1, report
@@ -228,8 +228,9 @@ def unset_rank(ctx: RankContext) -> dict[str, Any]:
 
 
 def test_flag_unset_runs_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the harness's pooled workers, started without the flag (as every process is)."""
     monkeypatch.delenv(FLAG, raising=False)
-    reports = run_ranks(unset_rank, 2, timeout=300.0, fresh=True)
+    reports = run_ranks(unset_rank, 2, timeout=300.0)
     for report in reports:
         assert report["class_is_torchcomm"] and not report["enabled"], report
         assert not report["opaque_imported"] and not report["ops_defined"], report
@@ -271,8 +272,9 @@ def _never_waited(comm: Any, x: torch.Tensor) -> torch.Tensor:
     return x + 1
 
 
-def options_rank(ctx: RankContext) -> dict[str, Any]:
-    comm = _comm(ctx, "shm", "compile_options")
+def options_on(comm: Any) -> dict[str, Any]:
+    """What a compiled call hands the eager path; last on its comm (it leaves an op unwaited
+    once, on purpose)."""
     seen = _Seen()
     comm._add_observer(seen)
     pre: list[tuple[str, bool]] = []
@@ -301,7 +303,6 @@ def options_rank(ctx: RankContext) -> dict[str, Any]:
     ).tolist()
     child_class = type(child).__name__
     child.finalize()
-    comm.finalize()
     return {
         "seen": seen.ops,
         "pre": pre,
@@ -312,9 +313,7 @@ def options_rank(ctx: RankContext) -> dict[str, Any]:
     }
 
 
-def test_hints_timeouts_and_hooks_reach_the_eager_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    _enabled(monkeypatch)
-    reports = run_ranks(options_rank, 2, timeout=300.0, fresh=True)
+def _check_options(reports: list[dict[str, Any]]) -> None:
     for report in reports:
         assert report["result"] == [3.0, 3.0, 3.0]
         default = COMM_TIMEOUT.total_seconds()
@@ -327,3 +326,34 @@ def test_hints_timeouts_and_hooks_reach_the_eager_path(monkeypatch: pytest.Monke
         assert "issued again at the same call site before the work of its previous run" in again
         # child ranks 0, 1 = parent ranks 1, 0; all_reduce of (0, 1) then broadcast, + 1
         assert report["child"] == ("TraceableTorchComm", [2.0, 2.0, 2.0])
+
+
+# -- the default run: one fresh world of 2 with the flag set, every check above --------------------
+def enabled_rank(ctx: RankContext) -> dict[str, Any]:
+    """The compile checks that need the flag at process start, on one pair of processes.
+
+    Over shm: one graph of most ops compiled by Inductor, four more by ``aot_eager``; over
+    tcp the same five by ``aot_eager``; then autograd and the eager path's options (last:
+    it leaves one async op unwaited on purpose)."""
+    names = ["combined", "reduce", "broadcast", "scatter_gather", "batch"]
+    shm = _comm(ctx, "shm", "compile_shm")
+    out: dict[str, Any] = {"shm": compile_cases_on(shm, names, {"combined": "inductor"}, "aot_eager")}
+    tcp = _comm(ctx, "tcp", "compile_tcp")
+    out["tcp"] = compile_cases_on(tcp, names, {}, "aot_eager")
+    tcp.finalize()
+    out["autograd"] = autograd_on(shm)
+    out["options"] = options_on(shm)
+    shm.finalize()
+    return out
+
+
+def test_compiled_graphs_autograd_and_options_on_shm_and_tcp(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _enabled(monkeypatch)
+    reports = run_ranks(enabled_rank, 2, timeout=600.0, fresh=True)
+    names = ["combined", "reduce", "broadcast", "scatter_gather", "batch"]
+    _check([r["shm"] for r in reports], names)
+    _check([r["tcp"] for r in reports], names)
+    _check_autograd([r["autograd"] for r in reports])
+    _check_options([r["options"] for r in reports])

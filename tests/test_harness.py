@@ -182,9 +182,10 @@ def test_killed_worker_is_reported_and_pool_respawns() -> None:
     assert info.value.errors == {} and info.value.timed_out == []
     message = str(info.value)
     assert f"--- rank 1 died: worker pid {pids[1]} was killed by signal SIGKILL" in message
-    assert all(_gone(pid) for pid in pids)
-    # Only the failed task's workers were replaced; the idle ones now play ranks 0 and 1.
-    assert run_ranks(_pid, 2) == four[2:]
+    assert _gone(pids[1])
+    # Only the dead rank's worker was replaced: rank 0 returned normally and stays first; the
+    # idle workers move up behind it.
+    assert run_ranks(_pid, 4)[:3] == [four[0], four[2], four[3]]
 
 
 def test_hanging_rank_times_out_and_next_run_works() -> None:
@@ -232,6 +233,16 @@ def test_every_failing_rank_is_reported() -> None:
     assert "--- rank 3 raised:" in message
     assert "could not be pickled" in info.value.errors[3]
     assert "rank 0" not in message
+
+
+def test_a_failed_task_keeps_the_ranks_that_returned_and_replaces_the_rest() -> None:
+    before = run_ranks(_pid, 4)
+    with pytest.raises(RankFailure):
+        run_ranks(_three_kinds_of_error, 4)
+    after = run_ranks(_pid, 4)
+    assert after[0] == before[0]  # rank 0 returned "fine": kept
+    assert set(after[1:]).isdisjoint(before)  # the ranks that raised were replaced
+    assert all(_gone(pid) for pid in before[1:])
 
 
 def test_local_function_is_rejected_before_running() -> None:

@@ -250,7 +250,6 @@ def test_shrink_after_kill(placement: str, second: bool, tmp_path: Path) -> None
             second,
             timeout=120,
             env=ENV,
-            fresh=True,
         )
     failure = info.value
     dead = {1, 3} if second else {1}

@@ -651,7 +651,7 @@ def _killed_mid_collective(ctx: RankContext, report_dir: str) -> None:
 
 def test_peer_sigkilled_mid_collective_is_named_by_every_survivor(tmp_path: Path) -> None:
     with pytest.raises(RankFailure) as info:
-        run_ranks(_killed_mid_collective, 3, str(tmp_path), timeout=120, fresh=True)
+        run_ranks(_killed_mid_collective, 3, str(tmp_path), timeout=120)
     failure = info.value
     assert 2 in failure.died and "SIGKILL" in failure.died[2], str(failure)
     assert not failure.timed_out and not failure.errors, str(failure)

@@ -78,7 +78,7 @@ def _default_group_after_kill(ctx: RankContext, report_dir: str) -> None:
 
 def test_shrink_default_group_after_a_kill(tmp_path: Path) -> None:
     with pytest.raises(RankFailure) as info:
-        run_ranks(_default_group_after_kill, 3, str(tmp_path), timeout=90, env=ENV, fresh=True)
+        run_ranks(_default_group_after_kill, 3, str(tmp_path), timeout=90, env=ENV)
     failure = info.value
     assert set(failure.died) == {2} and not failure.errors and not failure.timed_out, str(failure)
     for rank in (0, 1):

@@ -255,7 +255,7 @@ def _goodbyes(ctx: RankContext, report: str) -> str:
 def test_a_goodbye_or_a_vanished_peer_fails_the_receive(tmp_path: Path) -> None:
     report = tmp_path / "rank0.txt"
     with pytest.raises(RankFailure) as info:  # rank 2 vanishes (os._exit)
-        run_ranks(_goodbyes, 3, str(report), timeout=60, fresh=True)
+        run_ranks(_goodbyes, 3, str(report), timeout=60)
     assert set(info.value.died) == {2}, str(info.value)
     assert report.read_text() == "1:FAILED dead 2 2:None"
 

@@ -160,7 +160,7 @@ def test_a_rank_killed_inside_a_ring_all_reduce_is_named(
     with pytest.raises(RankFailure) as info:
         run_ranks(
             faults.killed, 4, "tcp", "during", str(tmp_path), hosts, 1 << 17,
-            timeout=120, fresh=True,
+            timeout=120,
         )  # fmt: skip
     assert set(info.value.died) == {1}, str(info.value)
     for rank in (0, 2, 3):

@@ -351,11 +351,13 @@ def _peer_killed(ctx: RankContext, report_dir: str) -> None:
     win.wait_signal(other, False)
     seen["after"] = win.get_tensor()[other].item()  # type: ignore[index]
     Path(report_dir, f"rank{r}.json").write_text(json.dumps(seen))
+    comm.abort()  # the survivors' worker stays in the harness's pool: leave nothing running
+    comm.finalize()
 
 
 def test_peer_killed_during_wait_signal_is_named(tmp_path: Path) -> None:
     with pytest.raises(RankFailure) as info:
-        run_ranks(_peer_killed, 3, str(tmp_path), timeout=120, fresh=True)
+        run_ranks(_peer_killed, 3, str(tmp_path), timeout=120)
     failure = info.value
     assert 2 in failure.died and "SIGKILL" in failure.died[2], str(failure)
     assert not failure.timed_out and not failure.errors, str(failure)

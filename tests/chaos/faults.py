@@ -220,7 +220,9 @@ def stopped(ctx: RankContext, transport: str, timeout_s: float) -> dict[str, Any
     seen: dict[str, Any] = {}
     if me == 2:
         ctx.store.wait(["released"], timedelta(seconds=60))
-        return seen  # stopped, then continued; its comm is abandoned with the others
+        comm.abort()  # stopped, then continued: its peers gave up on it
+        comm.finalize()  # (the harness keeps this worker for later tasks)
+        return seen
     victim = int(ctx.store.get("pid/2").decode())
     if me == 0:
         os.kill(victim, signal.SIGSTOP)
@@ -233,6 +235,8 @@ def stopped(ctx: RankContext, transport: str, timeout_s: float) -> dict[str, Any
     if me == 0:
         os.kill(victim, signal.SIGCONT)
         ctx.store.set("released", "1")
+    comm.abort()
+    comm.finalize()
     return seen
 
 

@@ -67,7 +67,6 @@ def test_every_survivor_names_exactly_the_killed_rank(
             str(tmp_path),
             hosts,
             timeout=120,
-            fresh=True,
         )
     failure = info.value
     assert set(failure.died) == {1} and "SIGKILL" in failure.died[1], str(failure)
@@ -85,7 +84,7 @@ def test_every_survivor_names_exactly_the_killed_rank(
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_stopped_rank_is_named_by_the_timeout(transport: str) -> None:
-    r0, r1, _ = run_ranks(faults.stopped, 3, transport, TIMEOUT_S, timeout=120, fresh=True)
+    r0, r1, _ = run_ranks(faults.stopped, 3, transport, TIMEOUT_S, timeout=120)
     for rank, seen in enumerate((r0, r1)):
         got = seen["all_reduce"]
         assert got["type"] == "CommTimeoutError", (transport, rank, got)
@@ -117,7 +116,6 @@ def test_a_rank_killed_during_new_comm_is_named(case: str, tmp_path: Path) -> No
             trigger,
             str(tmp_path),
             timeout=120,
-            fresh=True,
         )
     assert set(info.value.died) == {1}, str(info.value)
     for rank in (0, 2):
