@@ -52,11 +52,12 @@ def timeout_scale() -> float:
 _OPT_IN = {
     "chaos": "the long fault matrix: run it with -m chaos",
     "compile_matrix": "the full torch.compile matrix (about 2 min): run it with -m compile_matrix",
+    "slow": "a longer variant of a check the default run makes: run it with -m slow",
 }
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``chaos`` and ``compile_matrix`` tests run only when ``-m`` names them."""
+    """``chaos``, ``compile_matrix`` and ``slow`` tests run only when ``-m`` names them."""
     markexpr = config.option.markexpr or ""
     for marker, reason in _OPT_IN.items():
         if marker in markexpr:

@@ -370,6 +370,7 @@ def test_more_ranks_than_cores_stay_correct() -> None:
 # ----------------------------------------------------------------------------- torchrun
 
 
+@pytest.mark.slow  # the 4-rank run below is the default run's
 def test_quickstart_under_torchrun_2() -> None:
     proc = run_torchrun([str(QUICKSTART)], nproc=2)
     assert proc.returncode == 0, proc.stdout
