@@ -25,7 +25,6 @@ import os
 import signal
 import socket
 import sys
-import textwrap
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -36,7 +35,7 @@ import torch
 from torch._C._distributed_c10d import FileStore, PrefixStore, Store
 
 import torchcomms
-from tests import harness
+from tests import harness, shared_jobs
 from tests.harness import RankContext, RankFailure, run_ranks, run_torchrun
 from torchcomms import (
     CommStateError,
@@ -378,58 +377,18 @@ def test_quickstart_under_torchrun_2() -> None:
 
 
 def test_quickstart_under_torchrun_4() -> None:
-    proc = run_torchrun([str(QUICKSTART)], nproc=4)
+    """Runs in the shared 4-rank job (``tests/shared_jobs.py``) with two more scripts."""
+    proc, _ = shared_jobs.torchrun_scripts_4()
     assert proc.returncode == 0, proc.stdout
     assert "quickstart OK: 4 ranks" in proc.stdout, proc.stdout
 
 
-TORCHRUN_STORELESS_SCRIPT = """
-import json
-import os
-import sys
-
-import torch
-
-from torchcomms import ReduceOp, new_comm
-
-env = {k: os.environ.get(k) for k in ("TORCHELASTIC_USE_AGENT_STORE", "MASTER_PORT", "RANK")}
-first = new_comm("gloo", torch.device("cpu"), name="first")
-second = new_comm("gloo", torch.device("cpu"), name="second")
-rank, size = first.get_rank(), first.get_size()
-a = torch.full((4,), rank + 1, dtype=torch.int64)
-first.all_reduce(a, ReduceOp.SUM, False)
-b = torch.full((4,), 10 * (rank + 1), dtype=torch.int64)
-second.all_reduce(b, ReduceOp.SUM, False)
-evens = second.split([r for r in range(size) if r % 2 == 0] if rank % 2 == 0 else [], "evens")
-even_sum = None
-if evens is not None:
-    e = torch.tensor([rank], dtype=torch.int64)
-    evens.all_reduce(e, ReduceOp.SUM, False)
-    even_sum = int(e.item())
-    evens.finalize()
-first.finalize()
-again = new_comm("gloo", torch.device("cpu"), name="first")  # a finalized name, recreated
-c = torch.tensor([rank], dtype=torch.int64)
-again.all_reduce(c, ReduceOp.MAX, False)
-result = {
-    "rank": rank, "size": size, "env": env, "first": a.tolist(), "second": b.tolist(),
-    "even_sum": even_sum, "again_max": int(c.item()),
-}
-# One file per rank: lines printed by several ranks into one pipe can interleave.
-with open(os.path.join(sys.argv[1], f"result{rank}.json"), "w") as f:
-    json.dump(result, f)
-again.finalize()
-second.finalize()
-"""
 
 
-def test_storeless_comms_and_split_under_torchrun(tmp_path: Path) -> None:
-    script = tmp_path / "storeless_torchrun.py"
-    script.write_text(textwrap.dedent(TORCHRUN_STORELESS_SCRIPT))
-    nproc = 4  # the "evens" split then has two members
-    out_dir = tmp_path / "results"
-    out_dir.mkdir()
-    proc = run_torchrun([str(script), str(out_dir)], nproc=nproc)
+def test_storeless_comms_and_split_under_torchrun() -> None:
+    """In the shared 4-rank job, after the quickstart's comms were created and finalized."""
+    proc, out_dir = shared_jobs.torchrun_scripts_4()
+    nproc = shared_jobs.NPROC  # 4: the "evens" split then has two members
     assert proc.returncode == 0, proc.stdout
     results = {}
     for path in sorted(out_dir.glob("result*.json")):

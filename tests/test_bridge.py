@@ -54,7 +54,9 @@ from torch.distributed import distributed_c10d as c10d
 from tests.harness import RankContext, run_ranks, timeout_scale
 
 TIMEOUT = 120.0
-WORLD_SIZES = (2, 3)
+#: Every case runs at world 3 (group-relative ranks, non-members of a new_group, an odd ring);
+#: world 2 repeats them with -m slow.
+WORLD_SIZES = (pytest.param(2, marks=pytest.mark.slow), 3)
 BRIDGE = "_BackendWrapper"
 
 

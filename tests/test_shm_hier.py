@@ -19,7 +19,8 @@ inside the rank function before ``new_comm`` (and restores it after), so one mac
   comm rank) within the op timeout, and the communicator is poisoned afterwards;
 * where the runner is root and ``ip netns`` works (``@pytest.mark.netns``): two network
   namespaces joined by a veth pair play the hosts, with gloo bound to each namespace's
-  address via ``TORCHCOMM_GLOO_HOSTNAME``; skipped with the reason otherwise.
+  address via ``TORCHCOMM_GLOO_HOSTNAME`` (``netns_hier_checks``, run by the hierarchical
+  trial of ``tests/chaos/test_netns.py`` before its fault, in the same processes).
 
 ``python -m tests.test_shm_hier`` (not a test) measures hierarchical all_reduce against the
 plain tcp path on the simulated 2 x 2 world and prints a table.
@@ -28,7 +29,6 @@ plain tcp path on the simulated 2 x 2 world and prints a table.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import subprocess
@@ -41,7 +41,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.harness import RankContext, run_ranks, timeout_scale
+from tests.harness import RankContext, run_ranks
 from tests.reference import ALL_DTYPES, ALL_REDS, make_reduce_op, reds_for, reduce_ref
 from torchcomms import (
     CommTimeoutError,
@@ -429,30 +429,23 @@ def _netns_cases() -> list[tuple[torch.dtype, str, int]]:
     return [c for c in cases(NETNS_SIZES) if c[0] in NETNS_DTYPES]
 
 
-def netns_rank_main() -> None:
-    """One rank of the netns test, run as ``ip netns exec NS python -c ...``; writes JSON."""
-    rank = int(os.environ["TORCHCOMM_RANK"])
-    size = int(os.environ["TORCHCOMM_SIZE"])
-    store = torch.distributed.TCPStore(
-        NETNS_ADDRS[0],
-        int(os.environ["HIER_STORE_PORT"]),
-        size,
-        is_master=rank == 0,
-        timeout=timedelta(seconds=60),
-        wait_for_workers=False,
-    )
+def netns_hier_checks(store: Any, rank: int, size: int) -> dict[str, Any]:
+    """The hierarchical checks of one rank across two network namespaces (the ``netns`` run).
+
+    Run by ``tests/chaos/test_netns.py``'s hierarchical trial before its fault, in the same
+    processes (``ip netns exec NS python -c ...``): every all_reduce case bit for bit against
+    an independent reference and a ``transport=tcp`` comm over the same ranks, broadcast from
+    every root, barrier, all_gather_single."""
     host = os.environ["TORCHCOMM_HOST_ID"]
     failures: list[str] = []
     tcp = make_comm(store, "tcp", host, {"transport": "tcp"})
     comm = make_comm(store, "hier", host, {"hier_small_max": "4096"})
     checked = 0
-    tcp_results: dict[tuple[torch.dtype, str, int], torch.Tensor] = {}
     for dtype, red, n in _netns_cases():
         datas = [rank_data(r, n, dtype, case_seed(dtype, red, n)) for r in range(size)]
         want = reference(red, datas)
         flat = datas[rank].clone()
         tcp.all_reduce(flat, make_reduce_op(red), async_op=False)
-        tcp_results[(dtype, red, n)] = flat
         got = datas[rank].clone()
         comm.all_reduce(got, make_reduce_op(red), async_op=False)
         checked += 1
@@ -477,8 +470,19 @@ def netns_rank_main() -> None:
     }
     comm.finalize()
     tcp.finalize()
-    with open(os.environ["HIER_OUT"], "w") as f:
-        json.dump(result, f)
+    return result
+
+
+def check_netns_hier_results(results: dict[int, dict[str, Any]]) -> None:
+    """What every rank of the netns run must have seen (see ``netns_hier_checks``)."""
+    for rank in range(4):
+        res = results[rank]
+        assert res["failures"] == [], f"rank {rank}: {res['failures']}"
+        assert res["checked"] == len(_netns_cases()), res
+        addr = NETNS_ADDRS[rank // 2]
+        assert res["transport"].startswith("hierarchical: shm inside 2 hosts (2+2 ranks)")
+        assert f"hostname='{addr}'" in res["transport"], res["transport"]
+        assert res["tcp_transport"].startswith(f"tcp (hostname='{addr}'"), res
 
 
 def _ip(*args: str) -> subprocess.CompletedProcess[str]:
@@ -541,60 +545,6 @@ def netns_rank_cmd(
     for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         env.pop(var, None)
     return ["ip", "netns", "exec", names[h], sys.executable, "-c", code], env
-
-
-@pytest.mark.netns
-def test_two_network_namespaces_over_veth(tmp_path: Any) -> None:
-    scale = timeout_scale()
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with veth_namespaces() as names:
-        procs: list[subprocess.Popen[str]] = []
-        try:
-            for rank in range(4):
-                code = "from tests.test_shm_hier import netns_rank_main; netns_rank_main()"
-                cmd, env = netns_rank_cmd(
-                    names,
-                    rank,
-                    "ns",
-                    code,
-                    HIER_STORE_PORT="29517",
-                    HIER_OUT=str(tmp_path / f"rank{rank}.json"),
-                )
-                procs.append(
-                    subprocess.Popen(
-                        cmd,
-                        cwd=repo,
-                        env=env,
-                        text=True,
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT,
-                    )
-                )
-            deadline = time.monotonic() + 180 * scale
-            outputs = []
-            for p in procs:
-                try:
-                    out, _ = p.communicate(timeout=max(deadline - time.monotonic(), 1))
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    out, _ = p.communicate()
-                    out += "\n[killed at the deadline]"
-                outputs.append(out)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        for rank, (p, out) in enumerate(zip(procs, outputs, strict=True)):
-            assert p.returncode == 0, f"rank {rank} exited {p.returncode}:\n{out[-4000:]}"
-        for rank in range(4):
-            res = json.loads((tmp_path / f"rank{rank}.json").read_text())
-            assert res["failures"] == [], f"rank {rank}: {res['failures']}"
-            assert res["checked"] == len(_netns_cases()), res
-            addr = NETNS_ADDRS[rank // 2]
-            assert res["transport"].startswith("hierarchical: shm inside 2 hosts (2+2 ranks)")
-            assert f"hostname='{addr}'" in res["transport"], res["transport"]
-            assert res["tcp_transport"].startswith(f"tcp (hostname='{addr}'"), res
 
 
 # ------------------------------------------------------------------- measurement (not a test)

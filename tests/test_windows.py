@@ -31,7 +31,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.harness import REPO_ROOT, RankContext, RankFailure, run_ranks, run_torchrun
+from tests import shared_jobs
+from tests.harness import RankContext, RankFailure, run_ranks
 from torchcomms import (
     CommStateError,
     CommTimeoutError,
@@ -370,9 +371,10 @@ def test_peer_killed_during_wait_signal_is_named(tmp_path: Path) -> None:
 
 
 def test_weight_sync_example_runs_under_torchrun() -> None:
-    proc = run_torchrun([str(Path(REPO_ROOT) / "examples" / "window_weight_sync.py")], nproc=3)
+    """Runs last in the shared 4-rank job (``tests/shared_jobs.py``): 1 trainer, 3 readers."""
+    proc, _ = shared_jobs.torchrun_scripts_4()
     assert proc.returncode == 0, proc.stdout
-    assert "window_weight_sync OK: 2 readers hold the trainer's weights after 5 steps" in (
+    assert "window_weight_sync OK: 3 readers hold the trainer's weights after 5 steps" in (
         proc.stdout
     ), proc.stdout
 

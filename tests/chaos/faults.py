@@ -244,8 +244,10 @@ def stopped(ctx: RankContext, transport: str, timeout_s: float) -> dict[str, Any
 def netns_rank_main() -> None:
     """One rank of a netns trial, run as ``ip netns exec NS python -c ...``.
 
-    Connects, checks an all_reduce, says ``ready`` (a file), waits for ``go`` (the parent
-    has applied the fault), then runs one all_reduce and writes what it saw.
+    With ``CHAOS_HIER_CHECKS=1``, first runs the hierarchical checks of
+    ``tests/test_shm_hier.py`` (``hier{rank}.json``).  Connects, checks an all_reduce, says
+    ``ready`` (a file), waits for ``go`` (the parent has applied the fault), then runs one
+    all_reduce and writes what it saw.
     """
     rank = int(os.environ["TORCHCOMM_RANK"])
     size = int(os.environ["TORCHCOMM_SIZE"])
@@ -258,6 +260,10 @@ def netns_rank_main() -> None:
         timeout=timedelta(seconds=60),
         wait_for_workers=False,
     )
+    if os.environ.get("CHAOS_HIER_CHECKS") == "1":  # the healthy multi-host checks first
+        from tests.test_shm_hier import netns_hier_checks
+
+        (out / f"hier{rank}.json").write_text(json.dumps(netns_hier_checks(store, rank, size)))
     comm = new_comm(
         "gloo",
         CPU,

@@ -19,14 +19,22 @@ from pathlib import Path
 import pytest
 
 from tests.harness import free_port, timeout_scale
-from tests.test_shm_hier import NETNS_ADDRS, _ip, netns_rank_cmd, veth_namespaces
+from tests.test_shm_hier import (
+    NETNS_ADDRS,
+    _ip,
+    check_netns_hier_results,
+    netns_rank_cmd,
+    veth_namespaces,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 3.0
 DEAD_BOUND_S = 3.0
 
 
-def _run_trial(tmp: Path, transport: str, fault: str) -> dict[int, dict[str, object]]:
+def _run_trial(
+    tmp: Path, transport: str, fault: str, hier_checks: bool = False
+) -> dict[int, dict[str, object]]:
     scale = timeout_scale()
     port = free_port()
     with veth_namespaces() as names:
@@ -46,6 +54,7 @@ def _run_trial(tmp: Path, transport: str, fault: str) -> dict[int, dict[str, obj
                     CHAOS_TRANSPORT=transport,
                     CHAOS_OUT=str(tmp),
                     CHAOS_SHRINK="1" if fault == "kill" else "0",
+                    CHAOS_HIER_CHECKS="1" if hier_checks else "0",
                 )
                 procs.append(
                     subprocess.Popen(
@@ -96,11 +105,22 @@ def _logs(procs: list[subprocess.Popen[str]]) -> str:
 
 
 @pytest.mark.netns
-@pytest.mark.parametrize("transport", ("auto", "tcp"))
+@pytest.mark.parametrize(
+    "transport",
+    # tcp across hosts is also killed in tests/chaos/test_faults.py (simulated hosts); here
+    # with -m slow.
+    ("auto", pytest.param("tcp", marks=pytest.mark.slow)),
+)
 def test_a_rank_killed_on_another_host_is_named_by_every_survivor(
     transport: str, tmp_path: Path
 ) -> None:
-    seen = _run_trial(tmp_path, transport, "kill")
+    # The hierarchical trial first runs the healthy multi-host checks (tests/test_shm_hier.py)
+    # in the same processes: one set of namespace processes, not two.
+    seen = _run_trial(tmp_path, transport, "kill", hier_checks=transport == "auto")
+    if transport == "auto":
+        check_netns_hier_results(
+            {r: json.loads((tmp_path / f"hier{r}.json").read_text()) for r in range(4)}
+        )
     expected = "hierarchical" if transport == "auto" else "tcp"
     for rank, got in seen.items():
         assert str(got["transport"]["text"]).startswith(expected), got  # type: ignore[index]
