@@ -19,8 +19,9 @@ Concurrency model
   worker to finish: the deadline is always enforced from here.
 * **Workers (one process each), main thread only.** Pooled workers are forked from a
   ``forkserver`` that has imported torch once (a worker is ready in tens of milliseconds,
-  not the 2 s of a torch import); ``fresh=True`` workers are ``spawn``ed, pristine
-  interpreters. Daemonic, SIGINT ignored, ``PR_SET_PDEATHSIG=SIGKILL`` on Linux so they die
+  not the 2 s of a torch import); ``fresh=True`` workers are forked the same way and
+  discarded after their task; ``spawn=True`` ones are ``spawn``ed, pristine interpreters
+  (for flags read when torch imports torchcomms). Daemonic, SIGINT ignored, ``PR_SET_PDEATHSIG=SIGKILL`` on Linux so they die
   with their parent (the fork server exits with pytest), pytest's environment as of the
   request applied first. At start-up each calls ``torch.set_num_threads(1)``,
   points ``faulthandler`` (fatal signals and ``SIGUSR1``, all threads) at a per-worker dump
@@ -397,12 +398,12 @@ def _fork_server_pid(ctx: Any) -> int:
     return int(pid)
 
 
-def _spawn_workers(count: int, store_port: int, dump_dir: str, fresh: bool) -> list[_Worker]:
+def _spawn_workers(count: int, store_port: int, dump_dir: str, spawn: bool) -> list[_Worker]:
     """Start ``count`` workers at once and wait until ready.
 
-    ``fresh``: brand-new interpreters (``spawn``: pristine, torch imported anew, the flags
-    read at import time read again), else forked from the fork server."""
-    if fresh:
+    ``spawn``: brand-new interpreters (pristine, torch imported anew, the flags read at
+    import time read again), else forked from the fork server."""
+    if spawn:
         ctx: Any = multiprocessing.get_context("spawn")
         parent = os.getpid()
     else:
@@ -517,8 +518,8 @@ class _Harness:
             os.mkdir(os.path.join(self._root, "stacks"))
         return self._root
 
-    def spawn(self, count: int, fresh: bool = False) -> list[_Worker]:
-        return _spawn_workers(count, self.server.port, os.path.join(self.root, "stacks"), fresh)
+    def spawn(self, count: int, spawn: bool = False) -> list[_Worker]:
+        return _spawn_workers(count, self.server.port, os.path.join(self.root, "stacks"), spawn)
 
     def acquire(self, world_size: int) -> list[_Worker]:
         """Return live workers for ranks ``0..world_size-1``, spawning the missing ones."""
@@ -562,14 +563,17 @@ def run_ranks(
     timeout: float = 60.0,
     env: Mapping[str, str | None] | None = None,
     fresh: bool = False,
+    spawn: bool = False,
 ) -> list[Any]:
     """Run ``fn(ctx, *args)`` on ``world_size`` ranks; return the results indexed by rank.
 
     ``timeout`` (scaled by ``TORCHCOMM_TEST_TIMEOUT_SCALE``) is one deadline for the whole
     task, counted from when it is handed to the workers (starting workers is not counted).
     ``env`` entries are set in every rank for the duration of the task (``None`` unsets).
-    ``fresh=True`` runs the task on brand-new processes that are discarded afterwards, for
-    tests that need a pristine interpreter. Raises :class:`RankFailure` if any rank raises,
+    ``fresh=True`` runs the task on brand-new processes (forked from the fork server) that
+    are discarded afterwards, for tests that leave a process changed (pinned cores, signal
+    handlers); ``spawn=True`` makes them brand-new interpreters, for flags read when torch
+    imports torchcomms (implies ``fresh``). Raises :class:`RankFailure` if any rank raises,
     dies or misses the deadline; the workers of the ranks that did are killed (those that
     returned normally are kept).
     """
@@ -584,7 +588,8 @@ def run_ranks(
         ) from exc
     scale = timeout_scale()
     with _harness.lock:
-        workers = _harness.spawn(world_size, fresh=True) if fresh else _harness.acquire(world_size)
+        fresh = fresh or spawn
+        workers = _harness.spawn(world_size, spawn) if fresh else _harness.acquire(world_size)
         try:
             results = _dispatch_task(
                 workers, fn, payload, timeout * scale, dict(env or {}), FAILURE_GRACE_S * scale

@@ -1,8 +1,9 @@
 """torch.compile of communicator calls (issue 16), on real ranks over shm and tcp.
 
-Each task runs on freshly spawned ranks that inherit ``TORCHCOMMS_PATCH_FOR_COMPILE=1``
-from this process (the flag is read when torch imports torchcomms, at process start, so
-the pooled workers, started without it, cannot be used).  A rank runs every case of
+Each task runs on freshly spawned interpreters (``spawn=True``) that inherit
+``TORCHCOMMS_PATCH_FOR_COMPILE=1`` from this process (the flag is read when torch imports
+torchcomms, at process start, so neither the pooled workers nor their fork server, started
+without it, can be used).  A rank runs every case of
 ``tests/compile_cases.py`` eagerly and then compiled with ``fullgraph=True`` (twice: the
 second call must reuse the graph), compares the results bit for bit (integer-valued
 data), and counts graphs with a ``CompileCounterWithBackend`` (exactly one per case) and
@@ -133,7 +134,7 @@ def test_every_case_compiled_alone(
 ) -> None:
     _enabled(monkeypatch)
     reports = run_ranks(
-        compile_rank, world_size, transport, CASE_NAMES, "inductor", timeout=900.0, fresh=True
+        compile_rank, world_size, transport, CASE_NAMES, "inductor", timeout=900.0, spawn=True
     )
     _check(reports, CASE_NAMES)
 
@@ -142,7 +143,7 @@ def test_every_case_compiled_alone(
 def test_combined_graph_tcp_world3(monkeypatch: pytest.MonkeyPatch) -> None:
     _enabled(monkeypatch)
     names = ["combined", "reduce", "broadcast", "scatter_gather", "batch"]
-    reports = run_ranks(compile_rank, 3, "tcp", names, "aot_eager", timeout=600.0, fresh=True)
+    reports = run_ranks(compile_rank, 3, "tcp", names, "aot_eager", timeout=600.0, spawn=True)
     _check(reports, names)
 
 
@@ -351,7 +352,7 @@ def test_compiled_graphs_autograd_and_options_on_shm_and_tcp(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _enabled(monkeypatch)
-    reports = run_ranks(enabled_rank, 2, timeout=600.0, fresh=True)
+    reports = run_ranks(enabled_rank, 2, timeout=600.0, spawn=True)
     names = ["combined", "reduce", "broadcast", "scatter_gather", "batch"]
     _check([r["shm"] for r in reports], names)
     _check([r["tcp"] for r in reports], names)

@@ -165,12 +165,21 @@ def test_env_set_during_task_and_restored_after() -> None:
     assert os.environ.get("HOME") == before  # the parent's environment is untouched
 
 
+def _parent_pid(ctx: RankContext) -> int:
+    return os.getppid()
+
+
 def test_fresh_uses_new_processes_and_discards_them() -> None:
     pooled = run_ranks(_pid, 2)
     fresh = run_ranks(_pid, 2, fresh=True)
     assert set(fresh).isdisjoint(pooled)
     assert all(_gone(pid) for pid in fresh)
     assert run_ranks(_pid, 2) == pooled  # the pool was left alone
+    # Pooled and fresh workers fork from the fork server; spawn=True ones are new interpreters
+    # started by pytest itself.
+    forked = run_ranks(_parent_pid, 2, fresh=True)
+    assert len(set(forked)) == 1 and forked[0] != os.getpid()
+    assert run_ranks(_parent_pid, 2, spawn=True) == [os.getpid()] * 2
 
 
 def test_killed_worker_is_reported_and_pool_respawns() -> None:
