@@ -1,7 +1,8 @@
 """Launched jobs that several tests share: one launch, many checks (see ``torchrun_suite``).
 
 ``torchrun_scripts_4()`` runs, in one 4-rank torchrun job, ``examples/quickstart.py``,
-``STORELESS_SCRIPT`` below and ``examples/window_weight_sync.py``; the first test that asks pays for the launch, the others
+``STORELESS_SCRIPT`` below, ``examples/window_weight_sync.py`` and the benchmark's entry point
+(``BENCH_ARGS``, as ``torchrun -m torchcomms.bench`` runs it); the first test that asks pays for the launch, the others
 read the same result.  A failure shows the whole job's output in every test that shares it.
 """
 
@@ -64,9 +65,13 @@ second.finalize()
 """
 
 
+#: The benchmark's arguments in the shared job; its JSON goes to ``<out_dir>/bench.json``.
+BENCH_ARGS = ("--quick", "--op", "all_reduce,sendrecv", "-e", "256", "--vs", "gloo")
+
+
 @functools.cache
 def torchrun_scripts_4() -> tuple[subprocess.CompletedProcess[str], Path]:
-    """The shared 4-rank job: its output, and the directory the store-less script wrote to."""
+    """The shared 4-rank job: its output, and the directory the scripts wrote to."""
     work = Path(tempfile.mkdtemp(prefix="torchcomms-shared-job-"))
     atexit.register(shutil.rmtree, work, ignore_errors=True)
     script = work / "storeless_torchrun.py"
@@ -81,5 +86,10 @@ def torchrun_scripts_4() -> tuple[subprocess.CompletedProcess[str], Path]:
         str(out_dir),
         "---",
         str(EXAMPLES / "window_weight_sync.py"),
+        "---",
+        str(Path(REPO_ROOT) / "src" / "torchcomms" / "bench" / "__main__.py"),
+        *BENCH_ARGS,
+        "--json",
+        str(out_dir / "bench.json"),
     ]
     return run_torchrun(args, nproc=NPROC, timeout=240.0), out_dir

@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.harness import REPO_ROOT, SRC_DIR, RankContext, run_ranks, run_torchrun, timeout_scale
+from tests import shared_jobs
+from tests.harness import REPO_ROOT, SRC_DIR, RankContext, run_ranks, timeout_scale
 from torchcomms import new_comm
 from torchcomms.bench import cli, launch, metrics, ops, report
 from torchcomms.bench.ops import OPS, CaseParams
@@ -452,33 +453,19 @@ def test_corrupted_result_reports_wrong_and_fails(tmp_path: Any) -> None:
             assert row[key]["ours"]["wrong"] == 2, (row["op"], row["size"], key)
 
 
-def test_bad_arguments_exit_2_before_spawning() -> None:
-    proc = _bench(["--nproc", "2", "--op", "nope"], timeout=60.0)
-    assert proc.returncode == 2
-    assert "unknown op 'nope'" in proc.stderr
+def test_bad_arguments_exit_2_before_spawning(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--nproc", "2", "--op", "nope"])
+    assert info.value.code == 2
+    assert "unknown op 'nope'" in capsys.readouterr().err
 
 
-def test_under_torchrun(tmp_path: Any) -> None:
-    path = tmp_path / "tr.json"
-    proc = run_torchrun(
-        [
-            "-m",
-            "torchcomms.bench",
-            "--quick",
-            "--op",
-            "all_reduce,sendrecv",
-            "-e",
-            "256",
-            "--vs",
-            "gloo",
-            "--json",
-            str(path),
-        ],
-        nproc=2,
-    )
+def test_under_torchrun() -> None:
+    """``torchrun -m torchcomms.bench``'s entry point, in the shared 4-rank torchrun job."""
+    proc, out_dir = shared_jobs.torchrun_scripts_4()
     assert proc.returncode == 0, proc.stdout
-    doc = json.loads(path.read_text())
-    assert doc["ok"] and doc["env"]["world_size"] == 2
+    doc = json.loads((out_dir / "bench.json").read_text())
+    assert doc["ok"] and doc["env"]["world_size"] == shared_jobs.NPROC
     assert [(r["op"], r["size"]) for r in doc["results"]] == [
         ("all_reduce", 8),
         ("all_reduce", 256),

@@ -1,7 +1,7 @@
 """Training parity through torch.distributed on torchcomms (DDP, FSDP2, FSDP x TP on a 2-D mesh).
 
 Each example runs under real torchrun with the switch on (``TORCH_DISTRIBUTED_USE_TORCHCOMMS=1``)
-and off (plain gloo).  Losses and final parameters must match a single-process reference over
+and off (plain gloo; the same job's processes train again with the switch turned off).  Losses and final parameters must match a single-process reference over
 the concatenated global batch (examples/_training.py) within float32 summation-order error,
 and the two runs must agree exactly: both reduce with gloo's algorithms, so the bridge may
 not change a single bit.
@@ -18,6 +18,7 @@ import torch
 from tests.harness import REPO_ROOT, run_torchrun
 
 EXAMPLES = Path(REPO_ROOT) / "examples"
+SUITE = Path(REPO_ROOT) / "tests" / "torchrun_suite.py"
 sys.path.insert(0, str(EXAMPLES))
 from _training import read_result, reference  # noqa: E402
 
@@ -50,6 +51,26 @@ def _train(
     assert f"on {expected_group}:" in proc.stdout, proc.stdout
     assert out.exists(), proc.stdout
     return out
+
+
+def _train_on_then_off(
+    tmp_path: Path, script: str, nproc: int, extra: list[str], transport: str
+) -> tuple[Path, Path]:
+    """Switch on, then off, in one torchrun job (``tests/torchrun_suite.py``): the same
+    processes train over the bridge, then over plain gloo."""
+    on, off = (tmp_path / f"{script}-{nproc}-{transport}-{w}.json" for w in ("on", "off"))
+    args = [str(EXAMPLES / script), "--steps", str(STEPS), *extra]
+    switch_off = ("---", "@use_torchcomms=0", "---")
+    proc = run_torchrun(
+        [str(SUITE), *args, "--out", str(on), *switch_off, *args, "--out", str(off)],
+        nproc=nproc,
+        timeout=240.0,
+        env={**SWITCH_ON, "TORCHCOMM_TRANSPORT": transport},
+    )
+    assert proc.returncode == 0, proc.stdout
+    assert "on _BackendWrapper:" in proc.stdout and "on ProcessGroup:" in proc.stdout, proc.stdout
+    assert on.exists() and off.exists(), proc.stdout
+    return on, off
 
 
 def _check_against_reference(path: Path, shards: int) -> tuple[list[float], dict]:
@@ -100,12 +121,14 @@ def test_training_matches_reference_and_plain_gloo(
     in the last bit: there the plain run would only test torch against the reference, and is
     skipped (it cost 15 s a cell on a 2-core machine).
     """
-    on = _train(tmp_path, script, nproc, extra, switch=True, transport=transport)
-    _check_against_reference(on, shards)
     if transport == "tcp" or nproc == 2:
-        off = _train(tmp_path, script, nproc, extra, switch=False, transport=transport)
+        on, off = _train_on_then_off(tmp_path, script, nproc, extra, transport)
+        _check_against_reference(on, shards)
         _check_against_reference(off, shards)
         _assert_identical(on, off)
+    else:
+        on = _train(tmp_path, script, nproc, extra, switch=True, transport=transport)
+        _check_against_reference(on, shards)
 
 
 def test_fsdp_tp_on_a_mesh_built_from_communicators(tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ torch takes about 2 s per process).  Scripts that can share a world run as one j
 Each script runs as ``__main__`` with its own ``sys.argv`` and its directory first on
 ``sys.path``, between ``[suite] start NAME`` and ``[suite] done NAME`` lines; a script that
 raises or exits non-zero ends the job with that error, so the remaining scripts do not run.
+An entry ``@use_torchcomms=0`` (or ``=1``) sets ``torch.distributed.config.use_torchcomms``
+for the scripts after it: what ``TORCH_DISTRIBUTED_USE_TORCHCOMMS`` sets at import.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ def jobs(argv: list[str]) -> list[list[str]]:
 def main(argv: list[str]) -> None:
     rank = os.environ.get("RANK", "?")
     for script, *args in jobs(argv):
+        if script.startswith("@use_torchcomms="):
+            import torch.distributed
+
+            torch.distributed.config.use_torchcomms = script.endswith("=1")
+            continue
         name = os.path.basename(script)
         print(f"{MARK} start {name} rank {rank}", flush=True)
         sys.argv = [script, *args]
