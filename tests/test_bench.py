@@ -12,6 +12,7 @@ run under torchrun.  Timing values are never asserted beyond "positive and finit
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -273,7 +274,8 @@ def test_all_to_all_in_place_is_not_offered() -> None:
 
 
 # -- launcher ------------------------------------------------------------------------------------
-def test_launcher_stops_the_others_when_a_rank_dies() -> None:
+def test_launcher_stops_the_others_when_a_rank_dies(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launch, "GRACE_S", 0.3)  # how long the others may take to end alone
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     dying = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
     t0 = time.monotonic()
@@ -426,25 +428,25 @@ def test_smoke_two_ranks_quick_json(tmp_path: Any) -> None:
                 ), where
 
 
+def _bench_as_rank(ctx: RankContext, argv: list[str]) -> tuple[int, str]:
+    """``python -m torchcomms.bench ARGV`` as one rank of a launched job (the harness sets
+    the rank variables, as torchrun does): the exit code and what the rank printed."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(argv)
+    return code, out.getvalue()
+
+
 def test_corrupted_result_reports_wrong_and_fails(tmp_path: Any) -> None:
+    """On the harness's pooled ranks (the launcher's own path runs in the smoke test)."""
     path = tmp_path / "bad.json"
-    proc = _bench(
-        [
-            "--nproc",
-            "2",
-            "--quick",
-            "--op",
-            "all_reduce,all_gather",
-            "-e",
-            "8K",
-            "--json",
-            str(path),
-        ],
-        env={"TORCHCOMM_BENCH_CORRUPT": "1"},
+    args = ["--quick", "--op", "all_reduce,all_gather", "-e", "8K", "--json", str(path)]
+    (code, out), _ = run_ranks(
+        _bench_as_rank, 2, args, timeout=120.0, env={"TORCHCOMM_BENCH_CORRUPT": "1"}
     )
-    assert proc.returncode != 0, proc.stdout + proc.stderr
-    assert "# Out of bounds values : 0 OK" not in proc.stdout
-    assert "FAILED" in proc.stdout
+    assert code != 0, out
+    assert "# Out of bounds values : 0 OK" not in out
+    assert "FAILED" in out
     doc = json.loads(path.read_text())
     assert doc["ok"] is False and doc["wrong_total"] > 0
     for row in doc["results"]:

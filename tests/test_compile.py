@@ -9,14 +9,14 @@ second call must reuse the graph), compares the results bit for bit (integer-val
 data), and counts graphs with a ``CompileCounterWithBackend`` (exactly one per case) and
 graph breaks with ``torch._dynamo.utils.counters`` (none).
 
-The default run spawns one world of 2 with the flag set and, over shm and over tcp, compiles
-one graph covering five cases and one graph for each of the other four (``reduce`` on shm by
-Inductor, the rest by ``aot_eager``: Dynamo, AOTAutograd and functionalization without
-Inductor's C++ codegen, which costs 6-10 s per graph on 2 cores with a cold cache); then the autograd cases and
-what reaches the eager path (hints, timeouts, hooks, an unwaited async op).  The flag unset
-runs on the harness's pooled workers.  ``-m compile_matrix`` compiles every case on its own
-with Inductor at worlds 2 and 3 over both transports, and the combined graphs at world 3
-over tcp.
+The default run spawns one world of 2 with the flag set and compiles, over shm, one graph
+covering five cases and one graph for each of the other four, and over tcp the five-case
+graph and the batch.  ``reduce`` on shm is compiled by Inductor, the rest by ``aot_eager``
+(Dynamo, AOTAutograd and functionalization without Inductor's C++ codegen, which costs
+6-10 s per graph on 2 cores with a cold cache).  Then the autograd cases and what reaches
+the eager path (hints, timeouts, hooks, an unwaited async op).  The flag unset runs on the
+harness's pooled workers.  ``-m compile_matrix`` compiles every case on its own with
+Inductor at worlds 2 and 3 over both transports, and the combined graphs at world 3 over tcp.
 """
 
 from __future__ import annotations
@@ -333,17 +333,21 @@ def _check_options(reports: list[dict[str, Any]]) -> None:
 
 
 # -- the default run: one fresh world of 2 with the flag set, every check above --------------------
+#: Over tcp: the graph of most ops and the batch (point-to-point); the compiled layer does not
+#: depend on the transport (the kernels call the eager methods), the ops' bytes do.
+TCP_NAMES = ["combined", "batch"]
+
 def enabled_rank(ctx: RankContext) -> dict[str, Any]:
     """The compile checks that need the flag at process start, on one pair of processes.
 
     Over shm: one graph of most ops and four more, ``reduce`` (sync and async ops between
-    compute) by Inductor, the rest by ``aot_eager``; over tcp the same five by ``aot_eager``; then autograd and the eager path's options (last:
+    compute) by Inductor, the rest by ``aot_eager``; over tcp ``TCP_NAMES`` by ``aot_eager``; then autograd and the eager path's options (last:
     it leaves one async op unwaited on purpose)."""
     names = ["combined", "reduce", "broadcast", "scatter_gather", "batch"]
     shm = _comm(ctx, "shm", "compile_shm")
     out: dict[str, Any] = {"shm": compile_cases_on(shm, names, {"reduce": "inductor"}, "aot_eager")}
     tcp = _comm(ctx, "tcp", "compile_tcp")
-    out["tcp"] = compile_cases_on(tcp, names, {}, "aot_eager")
+    out["tcp"] = compile_cases_on(tcp, TCP_NAMES, {}, "aot_eager")
     tcp.finalize()
     out["autograd"] = autograd_on(shm)
     out["options"] = options_on(shm)
@@ -358,6 +362,6 @@ def test_compiled_graphs_autograd_and_options_on_shm_and_tcp(
     reports = run_ranks(enabled_rank, 2, timeout=600.0, spawn=True)
     names = ["combined", "reduce", "broadcast", "scatter_gather", "batch"]
     _check([r["shm"] for r in reports], names)
-    _check([r["tcp"] for r in reports], names)
+    _check([r["tcp"] for r in reports], TCP_NAMES)
     _check_autograd([r["autograd"] for r in reports])
     _check_options([r["options"] for r in reports])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import io
 import json
 import os
@@ -492,47 +493,37 @@ def test_python_stack_frames_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
     comm.finalize()
 
 
-SIGNAL_AUTO_SCRIPT = r"""
-import faulthandler, os, signal, sys, time
-import torch
-if sys.argv[1] == "faulthandler":
-    faulthandler.register(signal.SIGUSR1, file=open(os.devnull, "w"))
-from torchcomms import ReduceOp, new_comm
-comm = new_comm("gloo", torch.device("cpu"), name="sig")
-comm.all_reduce(torch.ones(4), ReduceOp.SUM, False)
-sent = time.time()
-os.kill(os.getpid(), signal.SIGUSR1)
-path = os.environ["TORCHCOMM_FR_DUMP_TEMP_FILE"] + "0"
-while not os.path.exists(path) and time.time() < sent + 1.5:  # the claim: within 1 s
-    time.sleep(0.01)
-print("dumped" if os.path.exists(path) else "not dumped", time.time() - sent)
-comm.finalize()
-"""
+def _sigusr1_auto(ctx: RankContext, setup: str) -> tuple[str, float]:
+    """One rank on a fresh worker: does the comm's recorder take SIGUSR1 (auto mode)?
+
+    The harness registers ``faulthandler`` for SIGUSR1 in every worker: ``"faulthandler"``
+    keeps it (the signal is taken), ``"plain"`` unregisters it first (nothing handles it)."""
+    if setup == "plain":
+        faulthandler.unregister(signal.SIGUSR1)
+    comm = new_comm("gloo", CPU, name="sig", store=ctx.store)
+    comm.all_reduce(torch.ones(4), ReduceOp.SUM, False)
+    sent = time.time()
+    os.kill(os.getpid(), signal.SIGUSR1)
+    path = os.environ["TORCHCOMM_FR_DUMP_TEMP_FILE"] + "0"
+    while not os.path.exists(path) and time.time() < sent + 1.5:  # the claim: within 1 s
+        time.sleep(0.01)
+    verdict = "dumped" if os.path.exists(path) else "not dumped"
+    comm.finalize()
+    return verdict, time.time() - sent
 
 
 @pytest.mark.parametrize(("setup", "expected"), [("plain", "dumped"), ("faulthandler", "not dumped")])
 def test_sigusr1_dump_is_on_by_default_unless_the_signal_is_taken(
     tmp_path: Path, setup: str, expected: str
 ) -> None:
-    """Unset TORCHCOMM_FR_DUMP_ON_SIGUSR1 means auto: take SIGUSR1 only if nothing handles it."""
-    env = {k: v for k, v in os.environ.items() if k != "TORCHCOMM_FR_DUMP_ON_SIGUSR1"}
-    env.update(
-        TORCHCOMM_RANK="0",
-        TORCHCOMM_SIZE="1",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT="0",
-        TORCHCOMM_FR_DUMP_TEMP_FILE=str(tmp_path / "rank_"),
-        PYTHONPATH=os.pathsep.join([harness.SRC_DIR, env.get("PYTHONPATH", "")]),
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", SIGNAL_AUTO_SCRIPT, setup],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=harness.timeout_scale() * 60,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    *verdict, lag = proc.stdout.split()
-    assert " ".join(verdict) == expected, proc.stdout
+    """Unset TORCHCOMM_FR_DUMP_ON_SIGUSR1 means auto: take SIGUSR1 only if nothing handles it.
+
+    On a fresh worker (``fresh=True``): the handler it installs must not outlive the test."""
+    env = {
+        "TORCHCOMM_FR_DUMP_ON_SIGUSR1": None,
+        "TORCHCOMM_FR_DUMP_TEMP_FILE": str(tmp_path / "rank_"),
+    }
+    ((verdict, lag),) = run_ranks(_sigusr1_auto, 1, setup, timeout=60, env=env, fresh=True)
+    assert verdict == expected, (verdict, lag)
     if expected == "dumped":
-        assert float(lag) < 1.0, proc.stdout  # "within 1 s"
+        assert lag < 1.0, lag  # "within 1 s"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime
 import os
 import signal
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,8 @@ import pytest
 import torch
 from torch._C._distributed_c10d import ProcessGroupGloo
 
-from tests import harness
-from tests.harness import RankContext, RankFailure, run_ranks, run_torchrun
+from tests import harness, shared_jobs
+from tests.harness import RankContext, RankFailure, run_ranks
 
 ENV_KEYS = (
     "TORCHCOMM_RANK",
@@ -262,17 +261,10 @@ def test_local_function_is_rejected_before_running() -> None:
         run_ranks(local, 2)
 
 
-def test_run_torchrun(tmp_path: Path) -> None:
-    script = tmp_path / "show_env.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import os
-            print(f"rank={os.environ['RANK']} world={os.environ['WORLD_SIZE']}", flush=True)
-            """
-        )
-    )
-    proc = run_torchrun([str(script)], nproc=2, timeout=60.0)
+def test_run_torchrun() -> None:
+    """``run_torchrun`` starts one process per rank with torchrun's variables: read from the
+    shared 4-rank job's output (``tests/shared_jobs.py``), which prints each rank's RANK."""
+    proc, _ = shared_jobs.torchrun_scripts_4()
     assert proc.returncode == 0, proc.stdout
-    assert "rank=0 world=2" in proc.stdout
-    assert "rank=1 world=2" in proc.stdout
+    for rank in range(shared_jobs.NPROC):
+        assert f"[suite] start quickstart.py rank {rank}" in proc.stdout, proc.stdout
