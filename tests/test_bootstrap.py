@@ -426,6 +426,9 @@ def _timeout_cases(ctx: RankContext) -> dict[str, Any]:
         _sum_check(comm, k + 1, f"warm-up {comm.get_name()}", timeout=SETUP_TIMEOUT)
 
     if rank == 0:
+        # Async op, issued first: it times out on the executor while the sync op below does.
+        pending = torch.ones(8)
+        work = asyn.all_reduce(pending, ReduceOp.SUM, True)
         # Sync op: rank 1 never joins.
         t = torch.ones(8)
         start = time.monotonic()
@@ -442,9 +445,7 @@ def _timeout_cases(ctx: RankContext) -> dict[str, Any]:
         with pytest.raises(CommTimeoutError):
             sync.all_reduce(t, ReduceOp.SUM, True).wait()
 
-        # Async op: wait() raises, the work says it did not complete.
-        t = torch.ones(8)
-        work = asyn.all_reduce(t, ReduceOp.SUM, True)
+        # The async op: wait() raises, the work says it did not complete.
         with pytest.raises(CommTimeoutError) as info:
             work.wait()
         out["async_error"] = str(info.value)

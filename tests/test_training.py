@@ -131,6 +131,15 @@ def test_training_matches_reference_and_plain_gloo(
         _check_against_reference(on, shards)
 
 
+def test_fsdp_on_a_mesh_built_from_communicators(tmp_path: Path) -> None:
+    """No init_process_group: FSDP2 on a 1-D DeviceMesh from ``torchcomms.device_mesh`` over a
+    communicator (2 ranks).  The 2-D mesh from split comms is checked group by group in
+    tests/test_device_mesh.py, and trained with TP below (-m slow)."""
+    out = _train(tmp_path, "train_fsdp.py", 2, ["--mesh-from-comms"], switch=False)
+    _check_against_reference(out, 2)
+
+
+@pytest.mark.slow
 def test_fsdp_tp_on_a_mesh_built_from_communicators(tmp_path: Path) -> None:
     """No init_process_group: torchcomms.device_mesh.init_device_mesh over split comms."""
     out = _train(tmp_path, "train_fsdp.py", 4, ["--tp", "2", "--mesh-from-comms"], switch=False)
