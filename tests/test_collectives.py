@@ -642,7 +642,8 @@ def test_collective_matrix(world_size: int, plan_name: str) -> None:
 
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
-@pytest.mark.parametrize("world_size", [2, 3])
+# 3: an odd world (uneven splits, a ring that does not pair up); 2 with -m slow.
+@pytest.mark.parametrize("world_size", [pytest.param(2, marks=pytest.mark.slow), 3])
 def test_large_messages(world_size: int, transport: str) -> None:
     """1 MiB messages (past the tcp path's inline limit: its gloo calls) through all_reduce,
     reduce, reduce_scatter_single, all_gather_single, a2a, broadcast, scatter and gather."""
