@@ -92,9 +92,10 @@ def _assert_identical(a: Path, b: Path) -> None:
 
 
 #: The default run keeps one job per model shape: DDP on shm with its bit-identity check
-#: against plain gloo, FSDP2 x TP on 4 ranks (FSDP2's all_gather / reduce_scatter and TP's
-#: collectives through the bridge) and the mesh built from communicators (below).  The other
-#: cells (more ranks, tcp forced, FSDP2 alone) run with ``-m slow``.
+#: against plain gloo (switch on, then off, in one job), FSDP2 x TP on 4 ranks (FSDP2's
+#: all_gather / reduce_scatter and TP's collectives through the bridge) and FSDP2 on a mesh
+#: built from communicators (below).  The other cells (more ranks, tcp forced, FSDP2 alone,
+#: the 2 x 2 mesh from communicators) run with ``-m slow``.
 _SLOW = pytest.mark.slow
 
 
