@@ -117,11 +117,9 @@ class _BackendWrapper(c10d.ProcessGroup):
         self, ranks_to_exclude: list[int], shrink_flags: int = 0, opts_override: Any = None
     ) -> c10d.Backend:
         """``dist.shrink_group``: a c10d gloo backend over the survivors (``_c10d.shrink``)."""
-        from torchcomms._c10d import (
-            shrink as _c10d_shrink,  # at call time: torch.distributed is whole
-        )
+        from torchcomms._c10d import shrink as survivors  # at call time: torch.distributed is whole
 
-        return _c10d_shrink.shrink(self._comm, list(ranks_to_exclude), int(shrink_flags))
+        return survivors.shrink(self._comm, list(ranks_to_exclude), int(shrink_flags))
 
     @property
     def supports_coalescing(self) -> bool:

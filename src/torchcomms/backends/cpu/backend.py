@@ -6,7 +6,7 @@ comm's one executor thread, sync ops inline on the caller's), deadlines, and tur
 transport errors into typed errors that name the comm, op and peers.  Which bytes move
 how is one ``CpuOps`` object (``cpu.ops``), picked once in ``_connect`` by
 ``cpu.select`` (shm on one host, hierarchical across hosts when some host holds
-several members, flat gloo otherwise).  Connecting is collective and names a member that
+several members, flat tcp otherwise).  Connecting is collective and names a member that
 dies or never arrives (``cpu.connect``): it ends with a rendezvous, so every member gets
 a communicator or every member raises.
 

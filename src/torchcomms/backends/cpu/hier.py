@@ -28,7 +28,7 @@ one of them, ``TorchCommGloo`` picks ``HierOps``: ``all_reduce``, ``broadcast`` 
 PREMUL_SUM is pre-multiplied exactly once (by the shm stage, or here on a single-member
 host); gloo always sums.  AVG sums, then divides by the *global* size once.  Bool and
 bitwise ops use shm's own reductions inside a host and ``transport.gloo``'s mapping
-between hosts, so results equal the flat gloo path bit for bit on integer-valued data.
+between hosts, so results equal the flat tcp path bit for bit on integer-valued data.
 Every wait is bounded by the op's deadline; shm wait errors are re-raised naming comm
 ranks (not host-local ones), gloo errors propagate unchanged (the backend types both).
 Runs on the op's thread (see ``cpu.ops``).
@@ -121,7 +121,7 @@ def connect(
 ) -> HierOps:
     """Build my host's shm segment and my cross group (collective over all members).
 
-    ``flat`` is the global gloo path, which serves every op not specialised here.
+    ``flat`` is the global tcp path, which serves every op not specialised here.
     """
     rank = flat.rank
     topo = topology(peers, rank)
@@ -180,7 +180,7 @@ def connect(
 
 class HierOps(CpuOps):
     """``all_reduce`` / ``broadcast`` / ``barrier`` over shm inside hosts and gloo between;
-    the other ops go to the flat gloo path (see the module docstring)."""
+    the other ops go to the flat tcp path (see the module docstring)."""
 
     def __init__(
         self,
@@ -342,7 +342,7 @@ class HierOps(CpuOps):
         """The flat path's header exchange: a barrier that also checks every rank's call."""
         self.flat.barrier(deadline)
 
-    # -- delegated to the flat gloo path -----------------------------------------------------
+    # -- delegated to the flat tcp path -----------------------------------------------------
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, deadline: Deadline) -> None:
         self.flat.reduce(tensor, root, op, deadline)
 

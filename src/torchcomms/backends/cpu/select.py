@@ -2,7 +2,8 @@
 
 * shm (``cpu.shm.ops``) when every member shares this host;
 * hierarchical (``cpu.hier``) when members span hosts and some host holds several;
-* flat gloo (``cpu.tcp.ops``) otherwise, or when ``transport=tcp`` is asked for.
+* flat tcp (``cpu.tcp.ops``: direct sockets, gloo for the rest) otherwise, or when
+  ``transport=tcp`` is asked for.
 
 Locality comes from the members' host identities (exchanged first, ``cpu.connect``), never
 from being able to open a segment.  The tcp and hierarchical paths connect, in this order,

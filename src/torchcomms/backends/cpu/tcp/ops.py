@@ -90,7 +90,7 @@ _abandoned: list[Any] = []
 
 
 class TcpOps(CpuOps):
-    """The flat gloo path: one process group over every member."""
+    """The flat tcp path: one process group over every member."""
 
     def __init__(
         self,
