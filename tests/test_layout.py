@@ -231,9 +231,7 @@ def test_only_the_cpu_choosers_reach_into_its_sub_packages() -> None:
 def test_every_package_says_what_it_owns_and_may_import() -> None:
     silent = []
     for name, path in sorted(_modules().items()):
-        if path.name != "__init__.py" or not _under(
-            name, ("torchcomms.backends", "torchcomms.transport", "torchcomms._c10d")
-        ):
+        if path.name != "__init__.py" or name == "torchcomms":
             continue
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
         if "import" not in doc.lower():

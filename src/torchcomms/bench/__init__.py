@@ -3,5 +3,6 @@
 Modules, one concern each: ``cli`` (flags), ``launch`` (spawning local ranks), ``ops`` (the
 op table), ``runner`` (the timing harness), ``metrics`` (formulas), ``memprobe`` (memory
 bandwidth), ``env`` (machine description), ``report`` (table, progress, JSON), ``plot`` (PNG).
-Not imported by ``torchcomms`` itself, so it may import ``torch.distributed``.
+Not imported by ``torchcomms`` itself, so it may import ``torch.distributed``, the public API
+and ``transport`` (the raw-gloo baseline's process group); nothing imports it back.
 """

@@ -9,6 +9,11 @@ the version helpers below and nothing else is imported or changed.
 ``is_torch_compile_supported`` compares versions with a small PEP 440 subset (release,
 ``a``/``b``/``rc``, ``.post``, ``.dev``, a ``+local`` suffix ignored): enough for torch's
 own version strings, without a dependency on ``packaging``.
+
+Modules: ``table`` (the one table of traced ops), ``ops`` (the custom ops, from it),
+``traced`` (what a call becomes while Dynamo traces it), ``opaque`` (the traceable
+communicator).  They may import ``comm`` and what it builds on; nothing below ``TorchComm``
+imports this package's modules, and this ``__init__`` imports them only when enabled.
 """
 
 from __future__ import annotations
