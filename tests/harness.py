@@ -18,12 +18,12 @@ Concurrency model
   ``multiprocessing.connection.wait`` under a single deadline. The parent never trusts a
   worker to finish: the deadline is always enforced from here.
 * **Workers (one process each), main thread only.** Pooled workers are forked from a
-  ``forkserver`` that has imported torch once (a worker is ready in tens of milliseconds,
-  not the 2 s of a torch import); ``fresh=True`` workers are forked the same way and
-  discarded after their task; ``spawn=True`` ones are ``spawn``ed, pristine interpreters
-  (for flags read when torch imports torchcomms). Daemonic, SIGINT ignored, ``PR_SET_PDEATHSIG=SIGKILL`` on Linux so they die
-  with their parent (the fork server exits with pytest), pytest's environment as of the
-  request applied first. At start-up each calls ``torch.set_num_threads(1)``,
+  ``forkserver`` that has imported torch once (a worker is ready in about 0.2 s, not the 2 s
+  of a torch import); ``fresh=True`` workers are forked the same way and discarded after
+  their task; ``spawn=True`` ones are ``spawn``ed, pristine interpreters (for flags read
+  when torch imports torchcomms). Daemonic, SIGINT ignored, ``PR_SET_PDEATHSIG=SIGKILL`` on
+  Linux so they die with their parent (the fork server exits with pytest), pytest's
+  environment as of the request applied first. At start-up each calls ``torch.set_num_threads(1)``,
   points ``faulthandler`` (fatal signals and ``SIGUSR1``, all threads) at a per-worker dump
   file, connects one client ``TCPStore`` to the parent's server, freezes the GC and sends
   ``("ready", pid)``. Then it loops: receive a task, set the task's environment, build a
@@ -203,17 +203,18 @@ def _worker_main(
     conn: multiprocessing.connection.Connection,
     store_port: int,
     dump_path: str,
-    parent_pid: int,
+    parent_pid: int | None,
     environ: dict[str, str],
 ) -> None:
     """Entry point of a worker process: start up, then serve tasks until told to stop.
 
-    ``parent_pid``: the process that must outlive this one (pytest for a spawned worker, the
-    fork server for a pooled one); ``environ``: pytest's environment when it asked for the
-    worker (a forked worker would otherwise start from the fork server's)."""
+    ``parent_pid``: pytest, for a spawned worker, which must exit if pytest already died
+    (``None`` for a forked one: its parent is the fork server); ``environ``: pytest's
+    environment when it asked for the worker (a forked worker would otherwise start from the
+    fork server's)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
     _set_parent_death_signal()
-    if os.getppid() != parent_pid:  # parent died before prctl took effect
+    if parent_pid is not None and os.getppid() != parent_pid:  # died before prctl took effect
         os._exit(1)
     os.environ.clear()
     os.environ.update(environ)
@@ -384,20 +385,6 @@ def _try_recv(conn: multiprocessing.connection.Connection) -> Any | None:
         return None
 
 
-def _fork_server_pid(ctx: Any) -> int:
-    """The pid of the fork server that pooled workers are forked from (started on first use).
-
-    Pooled workers fork from one server process that has already imported torch (and so
-    torchcomms): a worker is ready in tens of milliseconds instead of the 2 s a fresh
-    interpreter takes to import torch on a small box.  Nothing else runs in the server."""
-    from multiprocessing import forkserver
-
-    server = forkserver._forkserver  # type: ignore[attr-defined]
-    server.ensure_running()
-    pid = server._forkserver_pid
-    return int(pid)
-
-
 def _spawn_workers(count: int, store_port: int, dump_dir: str, spawn: bool) -> list[_Worker]:
     """Start ``count`` workers at once and wait until ready.
 
@@ -405,11 +392,13 @@ def _spawn_workers(count: int, store_port: int, dump_dir: str, spawn: bool) -> l
     import time read again), else forked from the fork server."""
     if spawn:
         ctx: Any = multiprocessing.get_context("spawn")
-        parent = os.getpid()
+        parent: int | None = os.getpid()
     else:
+        # One fork server per pytest process, started at the first request; it imports torch
+        # (and so torchcomms) once and nothing else runs in it.
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["torch", "tests.harness"])
-        parent = _fork_server_pid(ctx)
+        parent = None  # the fork server; it exits with pytest, and the worker with it
     workers: list[_Worker] = []
     try:
         for _ in range(count):

@@ -331,23 +331,25 @@ def _check_options(reports: list[dict[str, Any]]) -> None:
 
 
 # -- the default run: one fresh world of 2 with the flag set, every check above --------------------
+#: Over shm: the graph of most ops and one graph for each of the other cases.
+SHM_NAMES = ["combined", "reduce", "broadcast", "scatter_gather", "batch"]
 #: Over tcp: the graph of most ops and the batch (point-to-point); the compiled layer does not
 #: depend on the transport (the kernels call the eager methods), the ops' bytes do.
 TCP_NAMES = ["combined", "batch"]
 
+
 def enabled_rank(ctx: RankContext) -> dict[str, Any]:
     """The compile checks that need the flag at process start, on one pair of processes.
 
-    Over shm: one graph of most ops and four more, ``reduce`` (sync and async ops between
-    compute) by Inductor on rank 0, the rest by ``aot_eager``; over tcp ``TCP_NAMES`` by ``aot_eager``; then autograd and the eager path's options (last:
-    it leaves one async op unwaited on purpose)."""
-    names = ["combined", "reduce", "broadcast", "scatter_gather", "batch"]
+    Over shm ``SHM_NAMES``: ``reduce`` (sync and async ops between compute) by Inductor on
+    rank 0, the rest by ``aot_eager``; over tcp ``TCP_NAMES`` by ``aot_eager``; then autograd
+    and the eager path's options (last: it leaves one async op unwaited on purpose)."""
     shm = _comm(ctx, "shm", "compile_shm")
     # Inductor's first compile in a process costs 12-18 s of CPU on 2 cores (its set-up, not
     # the graph): rank 0 pays it, rank 1 compiles the same function with aot_eager.  The
     # ranks' graphs must still issue the same collectives in the same order.
     inductor = {"reduce": "inductor"} if ctx.rank == 0 else {}
-    out: dict[str, Any] = {"shm": compile_cases_on(shm, names, inductor, "aot_eager")}
+    out: dict[str, Any] = {"shm": compile_cases_on(shm, SHM_NAMES, inductor, "aot_eager")}
     tcp = _comm(ctx, "tcp", "compile_tcp")
     out["tcp"] = compile_cases_on(tcp, TCP_NAMES, {}, "aot_eager")
     tcp.finalize()
@@ -362,8 +364,7 @@ def test_compiled_graphs_autograd_and_options_on_shm_and_tcp(
 ) -> None:
     _enabled(monkeypatch)
     reports = run_ranks(enabled_rank, 2, timeout=600.0, spawn=True)
-    names = ["combined", "reduce", "broadcast", "scatter_gather", "batch"]
-    _check([r["shm"] for r in reports], names)
+    _check([r["shm"] for r in reports], SHM_NAMES)
     _check([r["tcp"] for r in reports], TCP_NAMES)
     _check_autograd([r["autograd"] for r in reports])
     _check_options([r["options"] for r in reports])

@@ -91,25 +91,27 @@ def _assert_identical(a: Path, b: Path) -> None:
         assert torch.equal(params_a[name], params_b[name]), name
 
 
-#: The default run keeps one job per model shape: DDP on shm with its bit-identity check
-#: against plain gloo (switch on, then off, in one job), FSDP2 x TP on 4 ranks (FSDP2's
-#: all_gather / reduce_scatter and TP's collectives through the bridge) and FSDP2 on a mesh
-#: built from communicators (below).  The other cells (more ranks, tcp forced, FSDP2 alone,
-#: the 2 x 2 mesh from communicators) run with ``-m slow``.
+#: The default run keeps one job per model shape: DDP over tcp with its bit-identity check
+#: against plain gloo (switch on, then off, in one job), FSDP2 x TP on 4 ranks over shm
+#: (FSDP2's all_gather / reduce_scatter and TP's collectives through the bridge) and FSDP2 on
+#: a mesh built from communicators (below): both transports through the bridge.  The other
+#: cells (DDP on shm, more ranks, FSDP2 alone, the 2 x 2 mesh from communicators) run with
+#: ``-m slow``.
 _SLOW = pytest.mark.slow
 
 
 @pytest.mark.parametrize(
     ("script", "nproc", "extra", "shards", "transport"),
     [
-        ("train_ddp.py", 2, [], 2, "auto"),
+        pytest.param("train_ddp.py", 2, [], 2, "auto", marks=_SLOW),
+        ("train_ddp.py", 2, [], 2, "tcp"),
         pytest.param("train_ddp.py", 4, [], 4, "auto", marks=_SLOW),
         pytest.param("train_ddp.py", 4, [], 4, "tcp", marks=_SLOW),
         pytest.param("train_fsdp.py", 2, [], 2, "auto", marks=_SLOW),
         pytest.param("train_fsdp.py", 4, [], 4, "auto", marks=_SLOW),
         ("train_fsdp.py", 4, ["--tp", "2"], 2, "auto"),
     ],
-    ids=["ddp-2", "ddp-4", "ddp-4-tcp", "fsdp2-2", "fsdp2-4", "fsdp2xtp-2x2"],
+    ids=["ddp-2", "ddp-2-tcp", "ddp-4", "ddp-4-tcp", "fsdp2-2", "fsdp2-4", "fsdp2xtp-2x2"],
 )
 def test_training_matches_reference_and_plain_gloo(
     tmp_path: Path, script: str, nproc: int, extra: list[str], shards: int, transport: str
