@@ -1,9 +1,10 @@
 """Launched jobs that several tests share: one launch, many checks (see ``torchrun_suite``).
 
 ``torchrun_scripts_4()`` runs, in one 4-rank torchrun job, ``examples/quickstart.py``,
-``STORELESS_SCRIPT`` below, ``examples/window_weight_sync.py`` and the benchmark's entry point
-(``BENCH_ARGS``, as ``torchrun -m torchcomms.bench`` runs it); the first test that asks pays for the launch, the others
-read the same result.  A failure shows the whole job's output in every test that shares it.
+``STORELESS_SCRIPT`` below, ``examples/window_weight_sync.py`` and the benchmark's entry
+point (``BENCH_ARGS``, as ``torchrun -m torchcomms.bench`` runs it).  The first test that
+asks pays for the launch, the others read the same result.  A failure shows the whole job's
+output in every test that shares it.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ SUITE = Path(REPO_ROOT) / "tests" / "torchrun_suite.py"
 NPROC = 4
 
 
-#: Store-less comms under torchrun (``test_bootstrap.test_storeless_comms_and_split_under_torchrun``
-#: checks its files): two comms at once, a split, a finalized name created again.
+#: Store-less comms under torchrun: two comms at once, a split, a finalized name created
+#: again (``test_bootstrap.test_storeless_comms_and_split_under_torchrun`` checks its files).
 STORELESS_SCRIPT = """
 import json
 import os
