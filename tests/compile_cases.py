@@ -182,6 +182,17 @@ class Case:
     covers: tuple[str, ...]
 
 
+def in_place(comm: Any, x: torch.Tensor) -> Tensors:
+    """Collectives on the graph's own input and no compute: with Inductor, the graph lowers to
+    our ops alone (mutations of an input, an async op and its wait, a barrier), and no C++
+    kernel is compiled (a kernel's first compile costs 12-18 s on 2 cores)."""
+    comm.all_reduce(x, ReduceOp.SUM, False)
+    comm.broadcast(x, comm.get_size() - 1, True).wait()
+    comm.all_reduce(x, ReduceOp.MAX, True).wait()
+    comm.barrier(False)
+    return (x,)
+
+
 def _one(rank: int, size: int) -> Tensors:
     return (_ranked(rank),)
 
@@ -203,6 +214,7 @@ CASES = (
     Case("scatter_gather", scatter_gather, _one, ("scatter", "gather", "gather_single")),
     Case("send_recv", send_recv, _one, ("send", "recv", "barrier")),
     Case("batch", batch, _one, ("batch_op_create",)),
+    Case("in_place", in_place, _one, ("all_reduce", "broadcast", "barrier")),
 )
 
 #: One graph covering several cases (the default run compiles it once instead of nine times).

@@ -10,14 +10,14 @@ data), and counts graphs with a ``CompileCounterWithBackend`` (exactly one per c
 graph breaks with ``torch._dynamo.utils.counters`` (none).
 
 The default run spawns one world of 2 with the flag set and compiles, over shm, one graph
-covering five cases and one graph for each of the other four, and over tcp the five-case
-graph and the batch.  ``reduce`` on shm is compiled by Inductor (on rank 0; rank 1 compiles
-it with ``aot_eager``, and the two graphs must still meet), the rest by ``aot_eager``
-(Dynamo, AOTAutograd and functionalization without Inductor's C++ codegen, which costs
-6-10 s per graph on 2 cores with a cold cache).  Then the autograd cases and what reaches
-the eager path (hints, timeouts, hooks, an unwaited async op).  The flag unset runs on the
-harness's pooled workers.  ``-m compile_matrix`` compiles every case on its own with
-Inductor at worlds 2 and 3 over both transports, and the combined graphs at world 3 over tcp.
+covering five cases and one graph for each of the other cases, and over tcp the five-case
+graph and the batch.  ``in_place`` (collectives on the graph's input, no compute) is compiled
+by Inductor, the rest by ``aot_eager`` (Dynamo, AOTAutograd and functionalization without
+Inductor's C++ codegen, whose first kernel costs 12-18 s on 2 cores with a cold cache).  Then
+the autograd cases and what reaches the eager path (hints, timeouts, hooks, an unwaited async
+op).  The flag unset runs on the harness's pooled workers.  ``-m compile_matrix`` compiles
+every case on its own with Inductor (compute kernels included) at worlds 2 and 3 over both
+transports, and the combined graphs at world 3 over tcp.
 """
 
 from __future__ import annotations
@@ -332,7 +332,7 @@ def _check_options(reports: list[dict[str, Any]]) -> None:
 
 # -- the default run: one fresh world of 2 with the flag set, every check above --------------------
 #: Over shm: the graph of most ops and one graph for each of the other cases.
-SHM_NAMES = ["combined", "reduce", "broadcast", "scatter_gather", "batch"]
+SHM_NAMES = ["combined", "reduce", "broadcast", "scatter_gather", "batch", "in_place"]
 #: Over tcp: the graph of most ops and the batch (point-to-point); the compiled layer does not
 #: depend on the transport (the kernels call the eager methods), the ops' bytes do.
 TCP_NAMES = ["combined", "batch"]
@@ -341,14 +341,13 @@ TCP_NAMES = ["combined", "batch"]
 def enabled_rank(ctx: RankContext) -> dict[str, Any]:
     """The compile checks that need the flag at process start, on one pair of processes.
 
-    Over shm ``SHM_NAMES``: ``reduce`` (sync and async ops between compute) by Inductor on
-    rank 0, the rest by ``aot_eager``; over tcp ``TCP_NAMES`` by ``aot_eager``; then autograd
-    and the eager path's options (last: it leaves one async op unwaited on purpose)."""
+    Over shm ``SHM_NAMES``: ``in_place`` by Inductor, the rest by ``aot_eager``; over tcp
+    ``TCP_NAMES`` by ``aot_eager``; then autograd and the eager path's options (last: it
+    leaves one async op unwaited on purpose)."""
     shm = _comm(ctx, "shm", "compile_shm")
-    # Inductor's first compile in a process costs 12-18 s of CPU on 2 cores (its set-up, not
-    # the graph): rank 0 pays it, rank 1 compiles the same function with aot_eager.  The
-    # ranks' graphs must still issue the same collectives in the same order.
-    inductor = {"reduce": "inductor"} if ctx.rank == 0 else {}
+    # Inductor lowers a graph of our ops alone in about 3 s; its first C++ kernel costs 12-18 s
+    # of CPU on 2 cores, so the cases with compute run under Inductor in -m compile_matrix.
+    inductor = {"in_place": "inductor"}
     out: dict[str, Any] = {"shm": compile_cases_on(shm, SHM_NAMES, inductor, "aot_eager")}
     tcp = _comm(ctx, "tcp", "compile_tcp")
     out["tcp"] = compile_cases_on(tcp, TCP_NAMES, {}, "aot_eager")
