@@ -22,6 +22,7 @@ transports, and the combined graphs at world 3 over tcp.
 
 from __future__ import annotations
 
+import functools
 import sys
 from datetime import timedelta
 from typing import Any
@@ -153,6 +154,44 @@ def test_cases_cover_every_op() -> None:
 
     covered = {op for case in compile_cases.CASES for op in case.covers}
     assert covered == set(OPERATIONS)
+
+
+def test_the_op_table_matches_the_methods_it_traces() -> None:
+    """Each row's argument names are the eager method's, in order, before ``async_op``; a row
+    whose kinds do not fit the method's signature is refused when the table is built."""
+    import inspect
+
+    from torchcomms.comm import TorchComm
+    from torchcomms.functional import table
+
+    for spec in table.OPS:
+        params = list(inspect.signature(getattr(TorchComm, spec.method)).parameters)[1:]
+        assert params[: len(spec.names) + 1] == [*spec.names, "async_op"], spec
+        assert len(spec.kinds) == len(spec.names), spec
+    assert table.OPS[0].schema() == "Tensor(a!) tensor, int red, float? factor, Tensor? factor_tensor"
+    assert table.OPS[0].mutated() == (0,)
+    assert table.BATCH.mutated() == (1,)
+    with pytest.raises(RuntimeError, match=r"all_reduce's arguments are not \('out',\)"):
+        table._spec("all_reduce", (table.OUT,))
+
+
+def test_a_traced_call_binds_arguments_as_the_eager_method_does() -> None:
+    """Binding errors are raised before any op is emitted (no communicator is needed)."""
+    from torchcomms.functional import table, traced
+
+    spec = next(s for s in table.OPS if s.method == "broadcast")
+    call = functools.partial(traced.call, spec.op, spec.names, spec.kinds, None)
+    t = torch.zeros(2)
+    with pytest.raises(TypeError, match=r"broadcast\(\) takes 5 arguments, got 6"):
+        call((t, 0, False, None, None, "extra"), {})
+    with pytest.raises(TypeError, match=r"unexpected or repeated argument 'root'"):
+        call((t, 0), {"root": 1, "async_op": False})
+    with pytest.raises(TypeError, match=r"unexpected or repeated argument 'peer'"):
+        call((t,), {"peer": 1, "async_op": False})
+    with pytest.raises(TypeError, match=r"broadcast\(\) missing argument 'async_op'"):
+        call((t, 0), {})
+    with pytest.raises(TypeError, match=r"broadcast\(\) missing argument 'root'"):
+        call((t,), {"async_op": False})
 
 
 # -- autograd -------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -268,3 +269,27 @@ def test_run_torchrun() -> None:
     assert proc.returncode == 0, proc.stdout
     for rank in range(shared_jobs.NPROC):
         assert f"[suite] start quickstart.py rank {rank}" in proc.stdout, proc.stdout
+
+
+def test_torchrun_suite_splits_jobs_and_stops_at_a_failing_script(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests import torchrun_suite
+
+    assert torchrun_suite.jobs(["a", "x", "---", "---", "b"]) == [["a", "x"], ["b"]]
+    ok = tmp_path / "ok.py"
+    ok.write_text("import sys\nprint('ran', sys.argv[1:])\nsys.exit(0)\n")
+    bad = tmp_path / "bad.py"
+    bad.write_text("import sys\nsys.exit(3)\n")
+    never = tmp_path / "never.py"
+    never.write_text("print('must not run')\n")
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(sys, "argv", ["suite"])
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    with pytest.raises(SystemExit) as info:
+        torchrun_suite.main([str(ok), "1", "---", str(bad), "---", str(never)])
+    assert info.value.code == 3
+    out = capsys.readouterr().out
+    assert "ran ['1']" in out and "[suite] done ok.py" in out
+    assert "[suite] failed bad.py rank ?: exit 3" in out
+    assert "must not run" not in out
