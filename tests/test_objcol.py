@@ -4,11 +4,14 @@ One spawn per world size runs every case: ``all_gather_object``, ``gather_object
 and non-root), ``send_object_list``/``recv_object_list``, ``broadcast_object_list`` and
 ``scatter_object_list`` (with its ``ValueError``s) on dicts, lists, tensors and strings
 whose serialised sizes differ per rank; the default ``weights_only=True`` refusing an
-arbitrary class on load; and ``TORCHCOMMS_SERIALIZATION=pickle`` round-tripping one.
+arbitrary class on load; and ``TORCHCOMMS_SERIALIZATION=pickle`` round-tripping one through
+every op (with ``weights_only`` left out and passed ``True``, as upstream's test does), and a
+rank without the setting refusing a pickled payload.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 from datetime import timedelta
 from typing import Any
@@ -163,30 +166,65 @@ def _objcol_cases(ctx: RankContext) -> str:
     return "ok"
 
 
-def _pickle_serialization(ctx: RankContext) -> list[Any]:
-    rank, size = ctx.rank, ctx.world_size
-    comm = new_comm("gloo", CPU, name="objcol_pickle", store=ctx.store)
+def _pickle_round_trips(comm: Any, rank: int, size: int, **weights: bool) -> list[Any]:
+    """Every object collective on arbitrary classes; ``weights`` is passed through."""
     gathered: list[Any] = [None] * size
-    objcol.all_gather_object(comm, gathered, Payload(rank, "q" * (rank * 77)))
+    objcol.all_gather_object(comm, gathered, Payload(rank, "q" * (rank * 77)), **weights)
     assert gathered == [Payload(r, "q" * (r * 77)) for r in range(size)], "all_gather_object"
 
+    at_root: list[Any] | None = [None] * size if rank == 0 else None
+    objcol.gather_object(comm, Payload(rank, "g"), 0, at_root, **weights)
+    if rank == 0:
+        assert at_root == [Payload(r, "g") for r in range(size)], "gather_object"
+
     bcast: list[Any] = [Payload(0, "root"), _obj(0, "pk")] if rank == 0 else [None, None]
-    objcol.broadcast_object_list(comm, bcast, 0)
+    objcol.broadcast_object_list(comm, bcast, 0, **weights)
     assert bcast[0] == Payload(0, "root"), "broadcast_object_list"
     _assert_obj(bcast[1], 0, "pk", "broadcast_object_list (pickle)")
 
     out: list[Any] = [None]
     objcol.scatter_object_list(
-        comm, 0, out, [Payload(r, "s" * r) for r in range(size)] if rank == 0 else None
+        comm, 0, out, [Payload(r, "s" * r) for r in range(size)] if rank == 0 else None, **weights
     )
     assert out[0] == Payload(rank, "s" * rank), "scatter_object_list"
 
     if rank == 0:
-        objcol.send_object_list(comm, [Payload(0, "p2p")], 1)
+        objcol.send_object_list(comm, [Payload(0, "p2p"), 7], 1)
     elif rank == 1:
-        got: list[Any] = [None]
-        objcol.recv_object_list(comm, got, 0)
-        assert got == [Payload(0, "p2p")], "send/recv_object_list"
+        got: list[Any] = [None, None]
+        objcol.recv_object_list(comm, got, 0, **weights)
+        assert got == [Payload(0, "p2p"), 7], "send/recv_object_list"
+    return gathered
+
+
+def _pickle_serialization(ctx: RankContext) -> list[Any]:
+    """Each rank's own ``TORCHCOMMS_SERIALIZATION=pickle`` is its consent, as upstream's."""
+    rank, size = ctx.rank, ctx.world_size
+    comm = new_comm("gloo", CPU, name="objcol_pickle", store=ctx.store)
+    gathered = _pickle_round_trips(comm, rank, size)
+    # Upstream's ObjColTestWithPickle passes weights_only=True explicitly: the setting wins.
+    assert _pickle_round_trips(comm, rank, size, weights_only=True) == gathered
+
+    # A receiver that did not opt in refuses a pickled payload, clearly, and stays usable.
+    if rank == 0:
+        os.environ.pop("TORCHCOMMS_SERIALIZATION")
+        try:
+            got: list[Any] = [None]
+            with pytest.raises(
+                pickle.UnpicklingError,
+                match=r"objcol_pickle rank=0\] recv_object_list: refusing to unpickle a payload "
+                r"serialised with pickle \(the sender has TORCHCOMMS_SERIALIZATION=pickle, this "
+                r"rank does not\)",
+            ):
+                objcol.recv_object_list(comm, got, 1)
+            assert got == [None], got
+            objcol.recv_object_list(comm, got, 1, weights_only=False)
+            assert got == [Payload(1, "second")], got
+        finally:
+            os.environ["TORCHCOMMS_SERIALIZATION"] = "pickle"
+    elif rank == 1:
+        objcol.send_object_list(comm, [Payload(1, "first")], 0)
+        objcol.send_object_list(comm, [Payload(1, "second")], 0)
     comm.finalize()
     return gathered
 

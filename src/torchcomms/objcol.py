@@ -1,18 +1,17 @@
 """Object collectives: picklable Python objects moved through a communicator's tensor ops.
 
-``weights_only`` (on the ops that load objects) decides how received bytes are loaded:
+As upstream, each rank's own ``TORCHCOMMS_SERIALIZATION`` decides its format:
 
-* passed ``True``: ``torch.load(weights_only=True)`` only, so a peer cannot make this rank run
-  arbitrary code, whatever ``TORCHCOMMS_SERIALIZATION`` says; this rank also sends with
-  ``torch.save``.  A payload a peer pickled (``TORCHCOMMS_SERIALIZATION=pickle`` on its side,
-  e.g. through ``send_object_list``) is refused with ``pickle.UnpicklingError``;
-* passed ``False``: anything is loaded (``torch.load(weights_only=False)`` or ``pickle``);
-* not passed (``None``): ``True``, unless ``TORCHCOMMS_SERIALIZATION=pickle``, which means
-  ``False`` and sending with ``pickle``.
+* ``pickle`` on this rank: objects are sent with ``pickle`` and received payloads are
+  unpickled whatever ``weights_only`` says; setting it is this rank's consent to run what
+  its peers send;
+* otherwise (the default): objects are sent with ``torch.save`` and loaded with
+  ``torch.load(weights_only=weights_only)`` (default ``True``, so a peer cannot make this
+  rank run arbitrary code).  A payload a peer pickled (its own environment says ``pickle``)
+  is refused with ``pickle.UnpicklingError`` naming the setting, unless the call passes
+  ``weights_only=False``.
 
-Objects are sent with ``torch.save`` (or ``pickle`` under ``TORCHCOMMS_SERIALIZATION=pickle``
-unless ``weights_only=True`` was passed); the receiver tells the two formats apart by their
-first bytes.  Every call is blocking.
+The receiver tells the two formats apart by their first bytes.  Every call is blocking.
 """
 
 from __future__ import annotations
@@ -33,20 +32,13 @@ if TYPE_CHECKING:
 _ZIP_MAGIC = b"PK\x03\x04"
 
 
-def _send_pickle(weights_only: bool | None) -> bool:
-    """Send with plain ``pickle``: the environment asks for it and the caller did not refuse."""
-    return weights_only is not True and config.object_serialization() == "pickle"
+def _uses_pickle() -> bool:
+    """This rank's ``TORCHCOMMS_SERIALIZATION`` asks for plain pickle (read at each call)."""
+    return config.object_serialization() == "pickle"
 
 
-def _load_weights_only(weights_only: bool | None) -> bool:
-    """An explicit ``weights_only`` wins; not passed: True unless TORCHCOMMS_SERIALIZATION=pickle."""
-    if weights_only is not None:
-        return weights_only
-    return config.object_serialization() != "pickle"
-
-
-def _to_tensor(obj: Any, device: torch.device, weights_only: bool | None = None) -> torch.Tensor:
-    if _send_pickle(weights_only):
+def _to_tensor(obj: Any, device: torch.device) -> torch.Tensor:
+    if _uses_pickle():
         data = pickle.dumps(obj)
     else:
         buf = io.BytesIO()
@@ -55,16 +47,16 @@ def _to_tensor(obj: Any, device: torch.device, weights_only: bool | None = None)
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
 
 
-def _from_tensor(t: torch.Tensor, weights_only: bool | None, where: str) -> Any:
+def _from_tensor(t: torch.Tensor, weights_only: bool, where: str) -> Any:
     data = t.detach().to("cpu").numpy().tobytes()
-    safe = _load_weights_only(weights_only)
     if data[:4] == _ZIP_MAGIC:
-        return torch.load(io.BytesIO(data), weights_only=safe)
-    if safe:
+        return torch.load(io.BytesIO(data), weights_only=weights_only)
+    if weights_only and not _uses_pickle():
         raise pickle.UnpicklingError(
             f"{where}: refusing to unpickle a payload serialised with pickle (the sender has "
-            "TORCHCOMMS_SERIALIZATION=pickle) under weights_only=True; pass "
-            "weights_only=False to accept it"
+            "TORCHCOMMS_SERIALIZATION=pickle, this rank does not) under weights_only=True; "
+            "set TORCHCOMMS_SERIALIZATION=pickle on this rank or pass weights_only=False to "
+            "accept it"
         )
     return pickle.loads(data)
 
@@ -96,7 +88,7 @@ def all_gather_object(
     object_list: list[Any],
     obj: Any,
     timeout: timedelta | None = None,
-    weights_only: bool | None = None,
+    weights_only: bool = True,
 ) -> None:
     """Fill ``object_list`` (length comm size) with every rank's ``obj``, in rank order."""
     size = comm.get_size()
@@ -105,7 +97,7 @@ def all_gather_object(
             f"all_gather_object: object_list must have comm size {size} entries, got {len(object_list)}"
         )
     device = comm.get_device()
-    payload = _to_tensor(obj, device, weights_only)
+    payload = _to_tensor(obj, device)
     lengths = _all_lengths(comm, payload.numel(), timeout)
     longest = max(lengths)
     gathered = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(size)]
@@ -120,7 +112,7 @@ def gather_object(
     root: int,
     object_gather_list: list[Any] | None = None,
     timeout: timedelta | None = None,
-    weights_only: bool | None = None,
+    weights_only: bool = True,
 ) -> None:
     """Collect every rank's ``obj`` into ``object_gather_list`` on ``root`` (ignored elsewhere)."""
     size = comm.get_size()
@@ -130,7 +122,7 @@ def gather_object(
             f"gather_object: root needs an object_gather_list of comm size {size} entries"
         )
     device = comm.get_device()
-    payload = _to_tensor(obj, device, weights_only)
+    payload = _to_tensor(obj, device)
     lengths = _all_lengths(comm, payload.numel(), timeout)
     longest = max(lengths)
     outputs = (
@@ -168,7 +160,7 @@ def recv_object_list(
     object_list: list[Any],
     src: int,
     timeout: timedelta | None = None,
-    weights_only: bool | None = None,
+    weights_only: bool = True,
 ) -> None:
     """Receive into ``object_list`` (same length as the sender's list) from ``src``."""
     device = comm.get_device()
@@ -190,13 +182,13 @@ def broadcast_object_list(
     object_list: list[Any],
     root: int,
     timeout: timedelta | None = None,
-    weights_only: bool | None = None,
+    weights_only: bool = True,
 ) -> None:
     """Replace ``object_list``'s entries on every rank with root's (lists have equal length)."""
     device = comm.get_device()
     is_root = comm.get_rank() == root
     if is_root:
-        payloads = [_to_tensor(o, device, weights_only) for o in object_list]
+        payloads = [_to_tensor(o, device) for o in object_list]
         lengths = torch.tensor([p.numel() for p in payloads], dtype=torch.int64, device=device)
     else:
         lengths = torch.zeros(len(object_list), dtype=torch.int64, device=device)
@@ -224,7 +216,7 @@ def scatter_object_list(
     scatter_object_output_list: list[Any],
     scatter_object_input_list: list[Any] | None = None,
     timeout: timedelta | None = None,
-    weights_only: bool | None = None,
+    weights_only: bool = True,
 ) -> None:
     """Rank ``i`` gets root's ``scatter_object_input_list[i]`` in ``scatter_object_output_list[0]``."""
     if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
@@ -242,7 +234,7 @@ def scatter_object_list(
                 f"scatter_object_input_list must have comm size {size} entries on the root, "
                 f"got {len(scatter_object_input_list)}"
             )
-        payloads = [_to_tensor(o, device, weights_only) for o in scatter_object_input_list]
+        payloads = [_to_tensor(o, device) for o in scatter_object_input_list]
         longest = torch.tensor([max(p.numel() for p in payloads)], dtype=torch.int64, device=device)
     else:
         longest = torch.zeros(1, dtype=torch.int64, device=device)
