@@ -1242,7 +1242,7 @@ def test_p2p_tags_match_out_of_order() -> None:
 
 
 def _monitored_barrier_failure_rank(ctx: RankContext, short_ms: int) -> dict[str, str]:
-    """Each failure case runs on its own all-rank subgroup (a failed barrier poisons it)."""
+    """Each failure case runs on its own all-rank subgroup, then the world is used again."""
     messages: dict[str, str] = {}
     _init(ctx)
     try:

@@ -23,6 +23,7 @@ import abc
 from collections.abc import Callable
 
 import torch
+from torch._C import _distributed_c10d as c10d
 
 from torchcomms.backends.base import TorchCommBackend
 from torchcomms.errors import CommError, CommValidationError
@@ -99,6 +100,10 @@ class CommBackend(TorchCommBackend, abc.ABC):
     def backend_object(self) -> TorchCommBackend:
         """What ``TorchComm.get_backend_impl()`` returns (a plug-in's own instance)."""
         return self
+
+    def members_store(self) -> c10d.Store | None:
+        """A store every member reaches (the c10d bridge's monitored barrier runs on it)."""
+        return None
 
     def self_p2p_allowed(self) -> bool:
         """Upstream's TorchComm only range-checks peers; gloo refuses to send to itself."""

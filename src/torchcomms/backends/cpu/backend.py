@@ -277,6 +277,9 @@ class TorchCommGloo(CpuDispatch, CommBackend):
     def self_p2p_allowed(self) -> bool:
         return False  # gloo: "Cannot send to self"
 
+    def members_store(self) -> c10d.Store | None:
+        return self._store.store if self._store is not None else None
+
     def set_timeout(self, timeout: timedelta) -> None:
         self._timeout = timeout
         self._options.timeout = timeout
