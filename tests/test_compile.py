@@ -369,6 +369,123 @@ def _check_options(reports: list[dict[str, Any]]) -> None:
         assert report["child"] == ("TraceableTorchComm", [2.0, 2.0, 2.0])
 
 
+# -- batched point-to-point in a ring: the batch made outside the graph or inside it --------------
+def _ring(comm: Any, batch: Any, small: torch.Tensor, big: torch.Tensor, *recvs: torch.Tensor) -> None:
+    """Queue a ring exchange on ``batch``: ``small`` to the next rank, ``big`` to the previous."""
+    size, rank = comm.get_size(), comm.get_rank()
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    batch.send(small, nxt)
+    batch.recv(recvs[0], prv)
+    batch.send(big, prv)
+    batch.recv(recvs[1], nxt)
+
+
+def _queue_outside(
+    comm: Any, batch: Any, small: torch.Tensor, big: torch.Tensor, *recvs: torch.Tensor
+) -> None:
+    """Upstream's form: a barrier, then the ring queued on a batch made (and issued) outside."""
+    comm.barrier(False)
+    _ring(comm, batch, small, big, *recvs)
+
+
+def _issue_inside(
+    comm: Any, outer: Any, small: torch.Tensor, big: torch.Tensor, *recvs: torch.Tensor
+) -> None:
+    """A batch made in the graph (sync), then ``outer``, made outside, issued async and waited."""
+    inner = comm.batch_op_create()
+    _ring(comm, inner, small, big, recvs[0], recvs[1])
+    inner.issue(False)
+    _ring(comm, outer, small, big, recvs[2], recvs[3])
+    outer.issue(True).wait()
+
+
+def _ring_inputs(rank: int, recvs: int) -> list[torch.Tensor]:
+    """One float32 element and 1024 int32 ones per rank, and zeroed receive buffers."""
+    small = torch.tensor([1000.0 * (rank + 1)])
+    big = torch.arange(1024, dtype=torch.int32) + 10_000 * (rank + 1)
+    return [small, big] + [torch.zeros_like(t) for t in (small, big)] * (recvs // 2)
+
+
+def batch_ring_on(comm: Any, backend: str) -> dict[str, Any]:
+    """Batched p2p compiled as upstream's test writes it (the batch made eagerly, queued in the
+    graph, issued eagerly, sync and async) and issued inside the graph; compared bit for bit with
+    the eager run and with the values the ring sends."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    rank, size = comm.get_rank(), comm.get_size()
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    failures: list[str] = []
+    frames: dict[str, int] = {}
+    queued: list[int] = []
+    breaks = _graph_breaks()
+    # what the ring delivers: prv's small, nxt's big
+    want = [_ring_inputs(prv, 0)[0], _ring_inputs(nxt, 0)[1]]
+
+    def run_outside(fn: Any, async_op: bool) -> tuple[torch.Tensor, ...]:
+        small, big, *recvs = _ring_inputs(rank, 2)
+        batch = comm.batch_op_create()
+        fn(comm, batch, small, big, *recvs)
+        queued.append(len(batch.ops))
+        work = batch.issue(async_op)
+        work.wait()
+        return tuple(recvs)
+
+    def run_inside(fn: Any) -> tuple[torch.Tensor, ...]:
+        small, big, *recvs = _ring_inputs(rank, 4)
+        fn(comm, comm.batch_op_create(), small, big, *recvs)
+        return tuple(recvs)
+
+    counter = CompileCounterWithBackend(backend)
+    outside = torch.compile(_queue_outside, fullgraph=True, backend=counter)
+    for async_op in (False, True):
+        eager = run_outside(_queue_outside, async_op)
+        got = run_outside(outside, async_op)  # the second call reuses the graph
+        failures += _diff(f"outside async={async_op}", eager, got)
+        failures += _diff(f"outside async={async_op} values", tuple(want), got)
+    frames["outside"] = counter.frame_count
+    counter = CompileCounterWithBackend(backend)
+    inside = torch.compile(_issue_inside, fullgraph=True, backend=counter)
+    eager = run_inside(_issue_inside)
+    for call in range(2):
+        got = run_inside(inside)
+        failures += _diff(f"inside call {call}", eager, got)
+        failures += _diff(f"inside call {call} values", tuple(want * 2), got)
+    frames["inside"] = counter.frame_count
+    return {
+        "failures": failures,
+        "frames": frames,
+        "queued": queued,
+        "graph_breaks": _graph_breaks() - breaks,
+    }
+
+
+def _check_batch_ring(reports: list[dict[str, Any]]) -> None:
+    for rank, report in enumerate(reports):
+        assert report["failures"] == [], f"rank {rank}: {report['failures']}"
+        assert report["frames"] == {"outside": 1, "inside": 1}, (rank, report["frames"])
+        # the graph's sends and receives are in the batch when it returns, as after eager calls
+        assert report["queued"] == [4, 4, 4, 4], (rank, report["queued"])
+        assert report["graph_breaks"] == 0
+
+
+def batch_ring_rank(ctx: RankContext, transport: str, backends: list[str]) -> dict[str, Any]:
+    comm = _comm(ctx, transport, f"batch_ring_{transport}")
+    out = {backend: batch_ring_on(comm, backend) for backend in backends}
+    comm.finalize()
+    return out
+
+
+@pytest.mark.compile_matrix
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_batched_p2p_ring_compiled(monkeypatch: pytest.MonkeyPatch, world_size: int) -> None:
+    """The ring at worlds 3 and 4 (the default run checks world 2), by aot_eager and Inductor."""
+    _enabled(monkeypatch)
+    backends = ["aot_eager", "inductor"]
+    reports = run_ranks(batch_ring_rank, world_size, "shm", backends, timeout=900.0, spawn=True)
+    for backend in backends:
+        _check_batch_ring([r[backend] for r in reports])
+
+
 # -- the default run: one fresh world of 2 with the flag set, every check above --------------------
 #: Over shm: the graph of most ops and one graph for each of the other cases.
 SHM_NAMES = ["combined", "reduce", "broadcast", "scatter_gather", "batch", "in_place"]
@@ -391,6 +508,7 @@ def enabled_rank(ctx: RankContext) -> dict[str, Any]:
     tcp = _comm(ctx, "tcp", "compile_tcp")
     out["tcp"] = compile_cases_on(tcp, TCP_NAMES, {}, "aot_eager")
     tcp.finalize()
+    out["batch_ring"] = batch_ring_on(shm, "aot_eager")
     out["autograd"] = autograd_on(shm)
     out["options"] = options_on(shm)
     shm.finalize()
@@ -404,5 +522,6 @@ def test_compiled_graphs_autograd_and_options_on_shm_and_tcp(
     reports = run_ranks(enabled_rank, 2, timeout=600.0, spawn=True)
     _check([r["shm"] for r in reports], SHM_NAMES)
     _check([r["tcp"] for r in reports], TCP_NAMES)
+    _check_batch_ring([r["batch_ring"] for r in reports])
     _check_autograd([r["autograd"] for r in reports])
     _check_options([r["options"] for r in reports])

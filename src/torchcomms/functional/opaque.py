@@ -28,6 +28,7 @@ from torchcomms import comm as comm_module
 from torchcomms.comm import TorchComm
 from torchcomms.comm_ops import BatchSendRecv
 from torchcomms.functional import ops, table, traced
+from torchcomms.types import BatchP2POptions, P2POp, P2POpType
 from torchcomms.work import TorchWork
 
 #: Read on the real object while tracing; the result is a constant of the graph.
@@ -44,9 +45,40 @@ class TraceableTorchComm(TorchComm, metaclass=OpaqueBaseMeta):
     Each operation of ``table.OPS`` is set on the class below (``_traceable``)."""
 
     def batch_op_create(self) -> BatchSendRecv:
+        if not _compiling():
+            self._checker("batch_op_create")  # what the eager method checks
+        return TraceableBatch(self)
+
+
+class TraceableBatch(BatchSendRecv):
+    """The batch a traceable communicator creates: usable in a compiled region wherever made.
+
+    A batch is a plain Python object, not an opaque one, so Dynamo traces its methods and
+    keeps its queue (``ops``) as Python state: while tracing, ``send`` and ``recv`` append to
+    ``ops`` without reading the communicator (its other members are not registered), and the
+    appends are replayed on the real batch when the graph returns, as eager calls leave them.
+    ``issue`` while tracing emits the batch's one op (``traced.issue_batch``) over every queued
+    operation, those queued before the graph included.  Outside tracing each method is the
+    eager one: validation of a queued operation happens at ``issue`` (eager ``issue`` checks
+    every operation again), so a bad peer queued in a graph is reported there.
+    """
+
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
         if _compiling():
-            return traced.TracedBatch(self)
-        return TorchComm.batch_op_create(self)
+            self.ops.append(P2POp(P2POpType.SEND, tensor, dst))
+            return
+        BatchSendRecv.send(self, tensor, dst)
+
+    def recv(self, tensor: torch.Tensor, src: int) -> None:
+        if _compiling():
+            self.ops.append(P2POp(P2POpType.RECV, tensor, src))
+            return
+        BatchSendRecv.recv(self, tensor, src)
+
+    def issue(self, async_op: bool, options: BatchP2POptions | None = None) -> TorchWork:
+        if _compiling():
+            return traced.issue_batch(self._comm, self.ops, async_op, options)
+        return BatchSendRecv.issue(self, async_op, options)
 
 
 def _traceable(spec: table.OpSpec) -> Callable[..., TorchWork]:

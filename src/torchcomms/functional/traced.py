@@ -8,8 +8,8 @@ requires grad may be written, a non-leaf keeps its ``grad_fn``), and so does the
 gradients therefore pass through a collective and its wait as through the identity.
 
 A call returns a ``TracedWork`` whose ``wait()`` emits the ``wait_`` op on the call's
-output tensors; ``batch_op_create()`` returns a ``TracedBatch`` that queues sends and
-receives in Python (at trace time) and emits one ``batch_issue_`` op.  Only code that
+output tensors; a batch's ``issue()`` (``opaque.TraceableBatch``, whose queue is Python state
+at trace time) emits one ``batch_issue_`` op through ``issue_batch``.  Only code that
 runs at trace time lives here: when the graph executes, only the ops' kernels run.
 """
 
@@ -22,10 +22,16 @@ from typing import Any
 
 import torch
 
-from torchcomms.comm_ops import BatchSendRecv
 from torchcomms.functional import table
 from torchcomms.functional.ops import ORDER_TOKEN, async_name
-from torchcomms.types import UNSET_BATCH_TIMEOUT, BatchP2POptions, RedOpType, ReduceOp
+from torchcomms.types import (
+    UNSET_BATCH_TIMEOUT,
+    BatchP2POptions,
+    P2POp,
+    P2POpType,
+    RedOpType,
+    ReduceOp,
+)
 from torchcomms.work import TorchWork
 
 _Tail = tuple[bool, list[str], list[str], "float | None", int]
@@ -90,46 +96,29 @@ class TracedWork(TorchWork):
         return True
 
 
-class TracedBatch(BatchSendRecv):
-    """``batch_op_create()`` while tracing: sends and receives queued, issued as one op.
+def issue_batch(
+    comm: Any, queued: Sequence[P2POp], async_op: bool, options: BatchP2POptions | None
+) -> TracedWork:
+    """A batch's ``issue()`` while tracing: one op over its sends and receives, in queue order.
 
-    ``ops`` stays empty: the queue is kept as flat lists, the form the op takes.
-    """
-
-    def __init__(self, comm: Any) -> None:
-        super().__init__(comm)
-        self._sends: list[torch.Tensor] = []
-        self._recvs: list[torch.Tensor] = []
-        self._is_recv: list[bool] = []
-        self._peers: list[int] = []
-
-    def send(self, tensor: torch.Tensor, dst: int) -> None:
-        self._sends.append(tensor)
-        self._is_recv.append(False)
-        self._peers.append(dst)
-
-    def recv(self, tensor: torch.Tensor, src: int) -> None:
-        self._recvs.append(tensor)
-        self._is_recv.append(True)
-        self._peers.append(src)
-
-    def issue(self, async_op: bool, options: BatchP2POptions | None = None) -> TracedWork:
-        hints = None if options is None else options.hints
-        timeout = None
-        if options is not None and options.timeout is not UNSET_BATCH_TIMEOUT:
-            timeout = options.timeout
-        tail = _tail(async_op, hints, timeout)
-        with torch.no_grad():
-            _op(table.BATCH.op, async_op)(
-                self._comm,
-                ORDER_TOKEN,
-                self._sends,
-                self._recvs,
-                self._is_recv,
-                self._peers,
-                *tail,
-            )
-        return TracedWork(self._recvs, tail[-1])
+    The receives are the tensors the op writes (its ``wait()`` waits on them)."""
+    sends: list[torch.Tensor] = []
+    recvs: list[torch.Tensor] = []
+    is_recv: list[bool] = []
+    peers: list[int] = []
+    for op in queued:
+        recv = op.type is P2POpType.RECV
+        (recvs if recv else sends).append(op.tensor)
+        is_recv.append(recv)
+        peers.append(op.peer)
+    hints = None if options is None else options.hints
+    timeout = None
+    if options is not None and options.timeout is not UNSET_BATCH_TIMEOUT:
+        timeout = options.timeout
+    tail = _tail(async_op, hints, timeout)
+    with torch.no_grad():
+        _op(table.BATCH.op, async_op)(comm, ORDER_TOKEN, sends, recvs, is_recv, peers, *tail)
+    return TracedWork(recvs, tail[-1])
 
 
 # -- every communicator op: one row of ``table.OPS`` ------------------------------------------
