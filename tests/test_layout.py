@@ -22,6 +22,7 @@ _ABOVE_COMM = (
     "torchcomms._backend_wrapper",
     "torchcomms._comms",
     "torchcomms.device_mesh",
+    "torchcomms.distwrap",
     "torchcomms.bench",
     "torchcomms.tools",
     "torchcomms.objcol",
