@@ -137,14 +137,15 @@ class TorchComm(CommOps):
         op_id, child_timeout = self._begin(
             OpName.split, hook_args.SplitPreHookArgs(members, name), timeout, hints
         )
-        if not members:
-            return None
         child_options = CommOptions()
         child_options.timeout = child_timeout
         child_options.abort_process_on_timeout_or_error = (
             self._options.abort_process_on_timeout_or_error
         )
         child_options.hints = dict(hints or {})
+        if not members:
+            self._backend.split_outside(name, child_options)
+            return None
         child_backend = self._backend.split(members, name, child_options)
         # type(self): a child of a traceable communicator (torchcomms.functional) is one too.
         child = type(self)(self._backend_name, child_backend, self._device, child_options)

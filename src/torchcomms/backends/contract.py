@@ -116,6 +116,9 @@ class CommBackend(TorchCommBackend, abc.ABC):
     @abc.abstractmethod
     def split(self, ranks: list[int], name: str, options: CommOptions) -> CommBackend: ...
 
+    def split_outside(self, name: str, options: CommOptions) -> None:
+        """This rank is in no group of a ``split`` (it passed ``[]``); nothing by default."""
+
     # -- operations ------------------------------------------------------------------------
     @abc.abstractmethod
     def send(

@@ -95,6 +95,7 @@ class TorchCommGloo(CpuDispatch, CommBackend):
         self._peers: list[tuple[str, int]] = []  # (host identity, pid) per comm rank
         self._executor: OpExecutor | None = None
         self._split_counts: dict[tuple[str, tuple[int, ...]], int] = defaultdict(int)
+        self._split_calls = 0  # every split of this comm, this rank in a group or not
         self._timeout = timedelta(seconds=600)
         self._hints: dict[str, str] = {}
         #: How this comm moves bytes, e.g. "tcp (loopback: all ranks on this host)".
@@ -198,15 +199,21 @@ class TorchCommGloo(CpuDispatch, CommBackend):
         )
 
     def finalize(self) -> None:
-        store, status = self._store, self._status
-        if self._rank == 0 and self._ops is not None and store is not None and status.cause is None:
-            cpu_connect.members_detached(store.store, "connected", self._size)
         self._release(join_timeout_s=self._timeout.total_seconds())
         self._handle_server = None  # its store server stops once no comm store keeps it
 
     def _release(self, join_timeout_s: float) -> None:
-        """Finish queued ops (bounded), then drop the transport and the store."""
+        """Finish queued ops (bounded), then drop the transport and the store.
+
+        Every way out of a connected comm comes here (``finalize``, the next
+        ``reconfigure``, interpreter exit): rank 0 serves the store the members met on, so
+        it first waits (bounded) until they all read the final handshake's verdict, or its
+        next step could take that server away from a member still reading it.
+        """
         _live.discard(self)
+        store, status = self._store, self._status
+        if self._rank == 0 and self._ops is not None and store is not None and status.cause is None:
+            cpu_connect.members_detached(store.store, "connected", self._size)
         executor, self._executor = self._executor, None
         if executor is not None:
             executor.close(join_timeout_s)
@@ -485,15 +492,52 @@ class TorchCommGloo(CpuDispatch, CommBackend):
         durable = None if parent_durable is None else c10d.PrefixStore(where, parent_durable)
         child = TorchCommGloo()
         # The child keeps the parent's store (and rank 0's server) alive while it lives.
-        child._connect(
-            self._device or torch.device("cpu"),
-            name,
-            options,
-            CommStore(store=child_store, parent=self._store, durable=durable),
-            ranks.index(self._rank),
-            len(ranks),
-        )
+        try:
+            child._connect(
+                self._device or torch.device("cpu"),
+                name,
+                options,
+                CommStore(store=child_store, parent=self._store, durable=durable),
+                ranks.index(self._rank),
+                len(ranks),
+            )
+        finally:
+            self._split_done(options.timeout)
         return child
+
+    def split_outside(self, name: str, options: CommOptions) -> None:
+        self._split_done(options.timeout)
+
+    def _split_done(self, timeout: timedelta) -> None:
+        """This rank no longer reads the parent's store for this split; rank 0 waits for all.
+
+        The groups of a split meet on the parent's store, which rank 0 serves when the
+        communicator bootstrapped without ``store=``: rank 0 (in a group or not) returns
+        only once every parent rank is done with it, so its next step (``finalize``,
+        exit) cannot cut off a group still connecting.  A split is collective over the
+        parent (as NCCL's), so every rank counts the same calls.
+        """
+        store = self._store
+        self._split_calls += 1
+        if store is None or self._size == 1:
+            return
+        key = f"split_done/{self._split_calls}"
+        if self._rank != 0:
+            cpu_connect.count_in(store.store, key)
+            return
+        if store.durable is None:
+            cpu_connect.members_done(
+                store.store, key, self._size, Deadline(timeout), self._dead_local_peers
+            )
+
+    def _dead_local_peers(self) -> int:
+        """How many members on this host have exited (they will never count themselves in)."""
+        me = self._peers[self._rank][0]
+        return sum(
+            1
+            for r, (host, pid) in enumerate(self._peers)
+            if r != self._rank and host == me and not process_alive(pid)
+        )
 
     # -- execution plumbing --------------------------------------------------------------------
     def _run(

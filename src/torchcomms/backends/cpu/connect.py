@@ -295,6 +295,41 @@ def members_detached(
         time.sleep(0.001)
 
 
+def count_in(store: c10d.Store, key: str) -> None:
+    """Count this member in under ``key`` (``members_done``); a store already gone is fine."""
+    try:
+        store.add(key, 1)
+    except Exception as exc:  # rank 0 is gone: nobody waits for the count
+        logger.debug("could not count in under %s (%s)", key, exc)
+
+
+def members_done(
+    store: c10d.Store,
+    key: str,
+    size: int,
+    deadline: Deadline,
+    dead_members: Callable[[], int],
+) -> bool:
+    """Whether the other ``size - 1`` members counted themselves in under ``key``.
+
+    Waits until they have, until ``deadline``, or until the ones missing are all members
+    that exited (``dead_members()`` counts them); polls with a growing pause (1-20 ms).
+    """
+    pause = 0.001
+    while True:
+        try:
+            done = store.add(key, 0)
+        except Exception:  # the store is gone already: nobody can be reading it
+            return True
+        if done >= size - 1:
+            return True
+        if deadline.passed() or done + dead_members() >= size - 1:
+            logger.debug("%d of %d members counted in under %s", done, size - 1, key)
+            return False
+        time.sleep(min(pause, max(deadline.left_s(), 0.0)))
+        pause = min(pause * 2, 0.02)
+
+
 def exchange_identities(
     store: c10d.Store, rank: int, size: int, identity: str, deadline: Deadline, prefix: str
 ) -> list[tuple[str, int]]:
