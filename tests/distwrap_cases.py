@@ -54,7 +54,9 @@ class Cases:
             try:
                 value = fn(ctx)
                 outcomes[name] = "ok" if value is None else value
-            except Exception:
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException:  # pytest.raises' Failed too
                 outcomes[name] = f"rank {ctx.rank}, case {name}:\n{traceback.format_exc()}"
             finally:
                 try:
