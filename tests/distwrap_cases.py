@@ -10,6 +10,8 @@ is left and restores torch's torchcomms switch.
 
 from __future__ import annotations
 
+import os
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -51,6 +53,7 @@ class Cases:
     def run_all(self, ctx: RankContext) -> dict[str, Any]:
         outcomes: dict[str, Any] = {}
         for name, fn in self.cases.items():
+            started = time.monotonic()
             try:
                 value = fn(ctx)
                 outcomes[name] = "ok" if value is None else value
@@ -63,6 +66,8 @@ class Cases:
                     clean()
                 except Exception:
                     outcomes[name] = f"{outcomes[name]}\ncleanup: {traceback.format_exc()}"
+            if os.environ.get("DISTWRAP_CASE_TIMES"):
+                print(f"rank {ctx.rank} {name}: {time.monotonic() - started:.2f} s", flush=True)
         return outcomes
 
     def results(self, fn: Callable[..., Any], world: int, timeout: float) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d_py
 
 from torchcomms._backend_wrapper import _BackendWrapper
 from torchcomms.comm import TorchComm
@@ -89,9 +90,9 @@ def forget_all() -> None:
 
 
 def info(pg: dist.ProcessGroup) -> GroupInfo | None:
-    """The group's entry; a torchcomms group distwrap did not create gets one on first use."""
+    """The group's entry; a live torchcomms group distwrap did not create gets one on first use."""
     found = _groups.get(pg)
-    if found is None and isinstance(pg, _BackendWrapper):
+    if found is None and isinstance(pg, _BackendWrapper) and pg in c10d_py._world.pg_group_ranks:
         comm = pg.get_comm()
         found = GroupInfo(
             global_ranks=list(dist.get_process_group_ranks(pg)),
