@@ -228,3 +228,146 @@ def combined(comm: Any, x: torch.Tensor) -> Tensors:
     for name in COMBINED:
         out.extend(by_name[name](comm, x + len(out)))
     return tuple(out)
+
+
+# -- autograd: upstream's formulas, checked against the analytic gradient ----------------------
+C = 4  # elements per chunk in the autograd cases
+
+
+def _tri(n: int) -> int:
+    return n * (n - 1) // 2
+
+
+def grad_all_reduce(comm: Any, x: torch.Tensor) -> torch.Tensor:
+    b = x * 1.0
+    comm.all_reduce(b, ReduceOp.SUM, False)
+    return (b * (torch.arange(C) + comm.get_rank() + 1)).sum()
+
+
+def grad_all_reduce_async(comm: Any, x: torch.Tensor) -> torch.Tensor:
+    b = x * 1.0
+    comm.all_reduce(b, ReduceOp.SUM, True).wait()
+    return (b * (torch.arange(C) + comm.get_rank() + 1)).sum()
+
+
+def grad_all_gather(comm: Any, x: torch.Tensor) -> torch.Tensor:
+    b = x * 1.0
+    outs = [torch.zeros(C) for _ in range(comm.get_size())]
+    comm.all_gather(outs, b, False)
+    return sum((t * (i + comm.get_rank() + 1)).sum() for i, t in enumerate(outs))
+
+
+def grad_all_gather_single(comm: Any, x: torch.Tensor) -> torch.Tensor:
+    b = x * 1.0
+    out = torch.zeros(C * comm.get_size())
+    comm.all_gather_single(out, b, False)
+    return (out * (torch.arange(out.numel()) + comm.get_rank())).sum()
+
+
+def grad_reduce_scatter(comm: Any, x: torch.Tensor) -> torch.Tensor:
+    b = x * 1.0
+    out = torch.zeros(C)
+    comm.reduce_scatter(out, list(b.chunk(comm.get_size())), ReduceOp.SUM, False)
+    return (out * (comm.get_rank() + 1)).sum()
+
+
+def grad_reduce_scatter_single(comm: Any, x: torch.Tensor) -> torch.Tensor:
+    b = x * 1.0
+    out = torch.zeros(C)
+    comm.reduce_scatter_single(out, b, ReduceOp.SUM, False)
+    return (out * (comm.get_rank() + 1)).sum()
+
+
+def grad_all_to_all_single(comm: Any, x: torch.Tensor) -> torch.Tensor:
+    b = x * 1.0
+    out = torch.zeros(C * comm.get_size())
+    comm.all_to_all_single(out, b, False)
+    return (out * (torch.arange(out.numel()) + 100 * comm.get_rank())).sum()
+
+
+def _v_splits(rank: int, size: int) -> tuple[list[int], list[int]]:
+    """Rank r sends i + 1 elements to rank i and receives r + 1 from every rank."""
+    return [rank + 1] * size, [i + 1 for i in range(size)]
+
+
+def grad_all_to_all_v_single(comm: Any, x: torch.Tensor) -> torch.Tensor:
+    rank, size = comm.get_rank(), comm.get_size()
+    out_splits, in_splits = _v_splits(rank, size)
+    b = x * 1.0
+    out = torch.zeros(sum(out_splits))
+    comm.all_to_all_v_single(out, b, out_splits, in_splits, False)
+    return (out * (torch.arange(out.numel()) + 100 * rank)).sum()
+
+
+@dataclass(frozen=True)
+class GradCase:
+    """A loss through one collective: ``fn(comm, x)``, ``x`` of ``numel(rank, size)`` elements,
+    and ``grad(rank, size)``, d loss / d x on that rank (integer-valued)."""
+
+    name: str
+    fn: Callable[[Any, torch.Tensor], torch.Tensor]
+    numel: Callable[[int, int], int]
+    grad: Callable[[int, int], torch.Tensor]
+
+
+def _chunked(size: int, chunk: Callable[[int], torch.Tensor]) -> torch.Tensor:
+    return torch.cat([chunk(i) for i in range(size)])
+
+
+GRAD_CASES = (
+    # sum_r (arange + r + 1)
+    GradCase(
+        "all_reduce",
+        grad_all_reduce,
+        lambda r, n: C,
+        lambda r, n: n * torch.arange(C) + _tri(n) + n,
+    ),
+    GradCase(
+        "all_reduce_async",
+        grad_all_reduce_async,
+        lambda r, n: C,
+        lambda r, n: n * torch.arange(C) + _tri(n) + n,
+    ),
+    # outs[r] on every rank q is weighted r + q + 1
+    GradCase(
+        "all_gather",
+        grad_all_gather,
+        lambda r, n: C,
+        lambda r, n: torch.full((C,), float(n * (r + 1) + _tri(n))),
+    ),
+    GradCase(
+        "all_gather_single",
+        grad_all_gather_single,
+        lambda r, n: C,
+        lambda r, n: n * torch.arange(r * C, (r + 1) * C) + _tri(n),
+    ),
+    # chunk i of every rank lands on rank i, weighted i + 1
+    GradCase(
+        "reduce_scatter",
+        grad_reduce_scatter,
+        lambda r, n: C * n,
+        lambda r, n: _chunked(n, lambda i: torch.full((C,), float(i + 1))),
+    ),
+    GradCase(
+        "reduce_scatter_single",
+        grad_reduce_scatter_single,
+        lambda r, n: C * n,
+        lambda r, n: _chunked(n, lambda i: torch.full((C,), float(i + 1))),
+    ),
+    # chunk i of rank r is chunk r of rank i's output, weighted arange + 100 i
+    GradCase(
+        "all_to_all_single",
+        grad_all_to_all_single,
+        lambda r, n: C * n,
+        lambda r, n: _chunked(n, lambda i: torch.arange(r * C, (r + 1) * C) + 100 * i),
+    ),
+    # the i + 1 elements rank r sends rank i are rank i's output from r: at r * (i + 1)
+    GradCase(
+        "all_to_all_v_single",
+        grad_all_to_all_v_single,
+        lambda r, n: sum(range(1, n + 1)),
+        lambda r, n: _chunked(
+            n, lambda i: torch.arange(r * (i + 1), (r + 1) * (i + 1)) + 100 * i
+        ),
+    ),
+)

@@ -171,6 +171,12 @@ def test_the_op_table_matches_the_methods_it_traces() -> None:
     assert table.OPS[0].schema() == "Tensor(a!) tensor, int red, float? factor, Tensor? factor_tensor"
     assert table.OPS[0].mutated() == (0,)
     assert table.BATCH.mutated() == (1,)
+    # upstream's names: in place, functional (its return: a new order token, then the outputs)
+    assert (table.OPS[0].op, table.OPS[0].functional) == ("torchcomm_all_reduce_", "torchcomm_all_reduce")
+    assert table.OPS[0].functional_returns() == "(Tensor, Tensor)"
+    gather = next(s for s in table.OPS if s.method == "all_gather")
+    assert gather.functional_returns() == "(Tensor, Tensor[])"
+    assert table.DIFFERENTIABLE.issubset(spec.method for spec in table.OPS if spec.mutated())
     with pytest.raises(RuntimeError, match=r"all_reduce's arguments are not \('out',\)"):
         table._spec("all_reduce", (table.OUT,))
 
@@ -196,20 +202,21 @@ def test_a_traced_call_binds_arguments_as_the_eager_method_does() -> None:
 
 # -- autograd -------------------------------------------------------------------------------------
 def autograd_on(comm: Any) -> dict[str, Any]:
-    """Gradients through waits, and a leaf that requires grad written in place, as eager."""
+    """A compiled all_reduce has upstream's formula (its backward all_reduces the gradient);
+    eager calls stay outside autograd (the identity); a leaf that requires grad may be written
+    in place, compiled as eagerly (outside autograd)."""
     rank = comm.get_rank()
     out: dict[str, Any] = {}
     compiled = torch.compile(compile_cases.autograd, fullgraph=True, backend="aot_eager")
     grads = []
     for fn in (compile_cases.autograd, compiled, compiled):
-        x = (torch.arange(4.0) + rank).requires_grad_()
+        x = (torch.arange(4) + rank).float().requires_grad_()
         (loss,) = fn(comm, x)
         loss.backward()
         grads.append((float(loss), x.grad.clone()))
     out["losses"] = [g[0] for g in grads]
-    out["grads_equal"] = all(torch.equal(grads[0][1], g[1]) for g in grads[1:])
-    # y = 3x, all_reduce, z = y*y: dz/dx = 2 * y_reduced * 3 (the all_reduce as identity)
-    out["grad"] = grads[0][1].tolist()
+    out["grads_equal"] = torch.equal(grads[1][1], grads[2][1])
+    out["grad"] = [g[1].tolist() for g in grads[:2]]
 
     def leaf_write(comm: Any, leaf: torch.Tensor) -> torch.Tensor:
         comm.all_reduce(leaf, ReduceOp.SUM, False)
@@ -229,14 +236,193 @@ def autograd_on(comm: Any) -> dict[str, Any]:
 
 
 def _check_autograd(reports: list[dict[str, Any]]) -> None:
+    size = len(reports)
     for rank, report in enumerate(reports):
         assert report["grads_equal"], report
         assert len(set(report["losses"])) == 1, report
-        # x_r = arange(4) + r; y = 3 * sum_r x_r = 3 * (2 * arange(4) + 1); grad = 6 * y
-        expected = [6.0 * 3 * (2 * i + 1) for i in range(4)]
-        assert report["grad"] == expected, (rank, report["grad"])
+        # x_r = arange(4) + r; y = 3 * sum_r x_r = 3 * (2 * arange(4) + 1); z = y * y, broadcast
+        # (no formula: the identity). Eager: dz/dx = 6 * y. Compiled: the all_reduce's backward
+        # sums every rank's 2 * y, so 6 * y * size.
+        eager = [6.0 * 3 * (2 * i + 1) for i in range(4)]
+        assert report["grad"] == [eager, [g * size for g in eager]], (rank, report["grad"])
         eager_leaf, compiled_leaf = report["leaf"]
         assert eager_leaf == compiled_leaf == (True, True, [2.0, 2.0, 2.0], [2.0, 2.0, 2.0])
+
+
+# -- upstream's autograd: formulas, waits, the async tensor (issue 28) ----------------------------
+def _recording(backend: str, targets: list[str]) -> Any:
+    """A backend that records the ops of each Dynamo graph, then compiles it with ``backend``."""
+    from torch._dynamo import lookup_backend
+
+    def compile_graph(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return lookup_backend(backend)(gm, inputs)
+
+    return compile_graph
+
+
+def grad_cases_on(comm: Any, backend: str) -> dict[str, Any]:
+    """Each ``compile_cases.GRAD_CASES`` loss compiled by ``backend``: its gradient against the
+    analytic one, after ``retain_graph`` (two backwards accumulate), and again on a second call
+    (no recompilation); the same call with an input that does not require grad adds no
+    autograd node and emits the in-place op."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    rank, size = comm.get_rank(), comm.get_size()
+    failures: list[str] = []
+    frames: dict[str, int] = {}
+    for case in compile_cases.GRAD_CASES:
+        want = case.grad(rank, size).float()
+        counter = CompileCounterWithBackend(backend)
+        compiled = torch.compile(case.fn, fullgraph=True, backend=counter)
+        x = (torch.arange(case.numel(rank, size)) + rank).float().requires_grad_()
+        loss = compiled(comm, x)
+        loss.backward(retain_graph=True)
+        loss.backward()
+        if x.grad is None or not torch.equal(x.grad, 2 * want):
+            failures.append(f"{case.name}: grad {x.grad}, want 2 * {want.tolist()}")
+        x.grad = None
+        compiled(comm, x).backward()
+        if x.grad is None or not torch.equal(x.grad, want):
+            failures.append(f"{case.name} call 2: grad {x.grad}, want {want.tolist()}")
+        frames[case.name] = counter.frame_count
+    targets: list[str] = []
+    plain = torch.compile(compile_cases.grad_all_reduce, fullgraph=True, backend=_recording(backend, targets))
+    loss = plain(comm, torch.arange(float(compile_cases.C)))
+    no_node = (loss.requires_grad, loss.grad_fn is None, sorted(t for t in set(targets) if "torchcomm" in t))
+    return {"failures": failures, "frames": frames, "no_node": no_node}
+
+
+def _check_grad_cases(reports: list[dict[str, Any]]) -> None:
+    names = [case.name for case in compile_cases.GRAD_CASES]
+    for rank, report in enumerate(reports):
+        assert report["failures"] == [], f"rank {rank}: {report['failures']}"
+        assert report["frames"] == dict.fromkeys(names, 1), (rank, report["frames"])
+        assert report["no_node"] == (False, True, ["torchcomms.torchcomm_all_reduce_"])
+
+
+def _waited(xs: list[torch.Tensor], inplace: bool) -> list[torch.Tensor]:
+    ops = torch.ops.torchcomms
+    if inplace:
+        result: list[torch.Tensor] = ops.torchcomm_wait_tensors_(xs)
+    else:
+        result = ops.torchcomm_wait_tensors(xs)
+    return result
+
+
+def _wait_two(a: torch.Tensor, b: torch.Tensor, inplace: bool) -> torch.Tensor:
+    xs = [a.clone(), b.clone()] if inplace else [a, b]
+    r = _waited(xs, inplace)
+    return r[0].sum() + r[1].sum()
+
+
+def _wait_chain(a: torch.Tensor) -> torch.Tensor:
+    return (_waited([a * 2], False)[0] + 1).sum()
+
+
+def waits_on(comm: Any, backend: str) -> dict[str, Any]:
+    """Upstream's ``torchcomm_wait_tensors`` / ``_`` and ``TorchCommsAsyncTensor`` checks (our
+    code), eager and compiled by ``backend``: each entry is (got, want)."""
+    from torchcomms.functional.async_tensor import TorchCommsAsyncTensor
+
+    ops = torch.ops.torchcomms
+    out: dict[str, Any] = {}
+    ones = torch.ones(3)
+
+    def grads(fn: Any, *shapes: int, **kw: Any) -> list[list[float]]:
+        xs = [torch.arange(float(n)).requires_grad_() for n in shapes]
+        fn(*xs, **kw).backward()
+        return [x.grad.tolist() for x in xs]
+
+    for label, run in (("eager", lambda f: f), ("compiled", lambda f: torch.compile(f, fullgraph=True, backend=backend))):
+        for inplace in (False, True):
+            fn = run(functools.partial(_wait_two, inplace=inplace))
+            out[f"{label} two inplace={inplace}"] = (grads(fn, 3, 3), [ones.tolist()] * 2)
+        out[f"{label} chain"] = (grads(run(_wait_chain), 3), [[2.0] * 3])
+        x, y = torch.arange(3.0).requires_grad_(), torch.arange(3.0)
+        waited = run(lambda a, b: ops.torchcomm_wait_tensors([a, b]))(x, y)
+        out[f"{label} requires_grad mixed"] = ([t.requires_grad for t in waited], [True, True])
+        x = torch.arange(3.0).requires_grad_()
+        fn = run(lambda a: ops.torchcomm_wait_tensors([a.clone()])[0].sum())
+        fn(x).backward()
+        fn(x).backward()  # accumulates
+        out[f"{label} accumulation"] = (x.grad.tolist(), [2.0] * 3)
+        x = torch.arange(3.0).requires_grad_()
+        loss = run(_wait_chain)(x)
+        loss.backward(retain_graph=True)
+        first = x.grad.clone()
+        x.grad = None
+        loss.backward()
+        out[f"{label} retain_graph"] = (x.grad.tolist(), first.tolist())
+    out["eager requires_grad false"] = (ops.torchcomm_wait_tensors([torch.ones(2)])[0].requires_grad, False)
+    x = torch.arange(3.0).requires_grad_()
+    (g,) = torch.autograd.grad(ops.torchcomm_wait_tensors([x * x])[0].sum(), x, create_graph=True)
+    (g2,) = torch.autograd.grad(g.sum(), x)
+    out["eager create_graph"] = ((g.requires_grad, g2.tolist()), (True, [2.0] * 3))
+    # the async tensor: autograd is elem's, a leaf's wrapper a leaf, a real work waited on first use
+    x = torch.arange(3.0).requires_grad_()
+    y = x * 2
+    wrapped_y = TorchCommsAsyncTensor(y, None)
+    out["async grad_fn"] = (wrapped_y.grad_fn is y.grad_fn, True)
+    wrapped_y.sum().backward()
+    out["async backward"] = (x.grad.tolist(), [2.0] * 3)
+    wrapped_x = TorchCommsAsyncTensor(x, None)
+    out["async is_leaf"] = ((wrapped_x.is_leaf, wrapped_y.is_leaf), (True, False))
+    wrapped_x.grad = torch.full((3,), 7.0)
+    out["async grad setter"] = ((x.grad.tolist(), wrapped_x.grad.tolist()), ([7.0] * 3,) * 2)
+    t = torch.full((4,), float(comm.get_rank() + 1))
+    pending = TorchCommsAsyncTensor(t, comm.all_reduce(t, ReduceOp.SUM, True))
+    before = pending.completed
+    total = float(comm.get_size() * (comm.get_size() + 1) // 2)
+    out["async waited on first use"] = ((before, (pending + 0).tolist(), pending.completed), (False, [total] * 4, True))
+    return out
+
+
+def op_names() -> list[str]:
+    """Upstream's op names, one set per table row, that are missing from ``torch.ops``."""
+    from torchcomms.functional import table
+
+    want = ["torchcomm_wait_tensors", "torchcomm_wait_tensors_"]
+    for spec in table.OPS:
+        want += [spec.op, spec.op + "async"]
+        if spec.mutated():
+            want.append(spec.functional)
+    return [name for name in want if not hasattr(torch.ops.torchcomms, name)]
+
+
+def _check_waits(reports: list[dict[str, Any]]) -> None:
+    for rank, report in enumerate(reports):
+        bad = {k: v for k, v in report.items() if v[0] != v[1]}
+        assert not bad, f"rank {rank}: {bad}"
+
+
+def matrix_rank(ctx: RankContext, transport: str, backends: list[str]) -> dict[str, Any]:
+    """The ring, the gradient cases and the waits, by each of ``backends``, on one comm."""
+    comm = _comm(ctx, transport, f"matrix_{transport}")
+    out = {
+        backend: {
+            "batch_ring": batch_ring_on(comm, backend),
+            "grad_cases": grad_cases_on(comm, backend),
+            "waits": waits_on(comm, backend),
+        }
+        for backend in backends
+    }
+    comm.finalize()
+    return out
+
+
+@pytest.mark.compile_matrix
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_ring_and_gradients_compiled(monkeypatch: pytest.MonkeyPatch, world_size: int) -> None:
+    """Batched p2p in a ring and upstream's autograd checks at worlds 2-4 by aot_eager and
+    Inductor (the default run checks world 2 by aot_eager)."""
+    _enabled(monkeypatch)
+    backends = ["aot_eager", "inductor"]
+    reports = run_ranks(matrix_rank, world_size, "shm", backends, timeout=1200.0, spawn=True)
+    for backend in backends:
+        _check_batch_ring([r[backend]["batch_ring"] for r in reports])
+        _check_grad_cases([r[backend]["grad_cases"] for r in reports])
+        _check_waits([r[backend]["waits"] for r in reports])
 
 
 # -- the flag unset --------------------------------------------------------------------------------
@@ -260,7 +446,7 @@ def unset_rank(ctx: RankContext) -> dict[str, Any]:
         "class_is_torchcomm": type(comm) is TorchComm,
         "enabled": torchcomms.functional.is_torch_compile_supported_and_enabled(),
         "opaque_imported": "torchcomms.functional.opaque" in sys.modules,
-        "ops_defined": hasattr(torch.ops.torchcomms, "all_reduce_"),
+        "ops_defined": hasattr(torch.ops.torchcomms, "torchcomm_all_reduce_"),
         "equal": torch.equal(eager, graph_break),
         "eager": eager.tolist(),
     }
@@ -468,24 +654,6 @@ def _check_batch_ring(reports: list[dict[str, Any]]) -> None:
         assert report["graph_breaks"] == 0
 
 
-def batch_ring_rank(ctx: RankContext, transport: str, backends: list[str]) -> dict[str, Any]:
-    comm = _comm(ctx, transport, f"batch_ring_{transport}")
-    out = {backend: batch_ring_on(comm, backend) for backend in backends}
-    comm.finalize()
-    return out
-
-
-@pytest.mark.compile_matrix
-@pytest.mark.parametrize("world_size", [3, 4])
-def test_batched_p2p_ring_compiled(monkeypatch: pytest.MonkeyPatch, world_size: int) -> None:
-    """The ring at worlds 3 and 4 (the default run checks world 2), by aot_eager and Inductor."""
-    _enabled(monkeypatch)
-    backends = ["aot_eager", "inductor"]
-    reports = run_ranks(batch_ring_rank, world_size, "shm", backends, timeout=900.0, spawn=True)
-    for backend in backends:
-        _check_batch_ring([r[backend] for r in reports])
-
-
 # -- the default run: one fresh world of 2 with the flag set, every check above --------------------
 #: Over shm: the graph of most ops and one graph for each of the other cases.
 SHM_NAMES = ["combined", "reduce", "broadcast", "scatter_gather", "batch", "in_place"]
@@ -510,6 +678,9 @@ def enabled_rank(ctx: RankContext) -> dict[str, Any]:
     tcp.finalize()
     out["batch_ring"] = batch_ring_on(shm, "aot_eager")
     out["autograd"] = autograd_on(shm)
+    out["grad_cases"] = grad_cases_on(shm, "aot_eager")
+    out["waits"] = waits_on(shm, "aot_eager")
+    out["op_names"] = op_names()
     out["options"] = options_on(shm)
     shm.finalize()
     return out
@@ -524,4 +695,8 @@ def test_compiled_graphs_autograd_and_options_on_shm_and_tcp(
     _check([r["tcp"] for r in reports], TCP_NAMES)
     _check_batch_ring([r["batch_ring"] for r in reports])
     _check_autograd([r["autograd"] for r in reports])
+    _check_grad_cases([r["grad_cases"] for r in reports])
+    _check_waits([r["waits"] for r in reports])
+    for report in reports:
+        assert report["op_names"] == [], report["op_names"]
     _check_options([r["options"] for r in reports])

@@ -10,9 +10,10 @@ the version helpers below and nothing else is imported or changed.
 ``a``/``b``/``rc``, ``.post``, ``.dev``, a ``+local`` suffix ignored): enough for torch's
 own version strings, without a dependency on ``packaging``.
 
-Modules: ``table`` (the one table of traced ops), ``ops`` (the custom ops, from it),
-``traced`` (what a call becomes while Dynamo traces it), ``opaque`` (the traceable
-communicator).  They may import ``comm`` and what it builds on; nothing below ``TorchComm``
+Modules: ``table`` (the one table of traced ops), ``ops`` (the custom ops, from it, under
+upstream's names), ``autograd`` (the formulas of the differentiable ones), ``traced`` (what a
+call becomes while Dynamo traces it), ``opaque`` (the traceable communicator and its batch),
+``async_tensor`` (``TorchCommsAsyncTensor``, upstream's waited-on-first-use result).  They may import ``comm`` and what it builds on; nothing below ``TorchComm``
 imports this package's modules, and this ``__init__`` imports them only when enabled.
 """
 

@@ -85,11 +85,12 @@ def _traceable(spec: table.OpSpec) -> Callable[..., TorchWork]:
     """The method for one row: its custom op while tracing, else the eager method, untouched."""
     eager = getattr(TorchComm, spec.method)
     op_name, names, kinds = spec.op, spec.names, spec.kinds
+    functional = spec.functional if spec.differentiable else None
 
     @functools.wraps(eager)
     def method(self: TorchComm, *args: Any, **kwargs: Any) -> TorchWork:
         if _compiling():
-            return traced.call(op_name, names, kinds, self, args, kwargs)
+            return traced.call(op_name, names, kinds, self, args, kwargs, functional)
         work: TorchWork = eager(self, *args, **kwargs)
         return work
 

@@ -1,7 +1,9 @@
 """The one table of communicator ops the compile layer knows: each op's arguments, by kind.
 
-Everything per-op in the compile layer is derived from ``OPS``: the custom op's schema and
-eager kernel (``ops``), what a traced call emits (``traced``) and the methods of the opaque
+Everything per-op in the compile layer is derived from ``OPS``: the custom ops' names
+(upstream's, ``torchcomm_<method>_`` in place and ``torchcomm_<method>`` functional), schemas
+and eager kernels (``ops``), what a traced call emits (``traced``), which ops have autograd
+formulas (``DIFFERENTIABLE``; the formulas are in ``autograd``) and the methods of the opaque
 communicator that Dynamo inlines (``opaque``).  Adding an op is one row here.
 
 A row is the ``TorchComm`` method's name and the kinds of its arguments before
@@ -50,9 +52,25 @@ class OpSpec:
     kinds: tuple[str, ...]
 
     @property
+    def functional(self) -> str:
+        """The functional op's name, upstream's: ``torchcomm_all_reduce`` (returns new tensors)."""
+        return PREFIX + self.method
+
+    @property
     def op(self) -> str:
-        """The sync custom op's name (``all_reduce_``); ``ops.async_name`` gives the async one."""
-        return self.method + "_"
+        """The in-place op's name, upstream's: ``torchcomm_all_reduce_``; ``ops.async_name``
+        gives the form an ``async_op=True`` call emits (``torchcomm_all_reduce_async``)."""
+        return self.functional + "_"
+
+    @property
+    def differentiable(self) -> bool:
+        """Whether the op has an autograd formula (``torchcomms.functional.autograd``)."""
+        return self.method in DIFFERENTIABLE
+
+    def functional_returns(self) -> str:
+        """The functional op's return types: a new order token, then each written argument."""
+        outs = ["Tensor" if k == OUT else "Tensor[]" for k in self.kinds if k in (OUT, OUTS)]
+        return "(" + ", ".join(["Tensor", *outs]) + ")"
 
     def schema(self) -> str:
         """The op's own arguments as schema text (the common head and tail are added by ``ops``)."""
@@ -67,6 +85,21 @@ class OpSpec:
             at += WIDTH[kind]
         return tuple(out)
 
+
+#: The prefix of every op's name (upstream's: the class name, lower case).
+PREFIX = "torchcomm_"
+#: The ops with autograd formulas, as upstream defines them (the rest write outside autograd).
+DIFFERENTIABLE = frozenset(
+    {
+        "all_reduce",
+        "all_gather",
+        "all_gather_single",
+        "reduce_scatter",
+        "reduce_scatter_single",
+        "all_to_all_single",
+        "all_to_all_v_single",
+    }
+)
 
 #: method -> the kinds of its arguments before ``async_op``.
 _ROWS: dict[str, tuple[str, ...]] = {
@@ -100,4 +133,6 @@ def _spec(method: str, kinds: tuple[str, ...]) -> OpSpec:
 
 OPS: tuple[OpSpec, ...] = tuple(_spec(m, k) for m, k in _ROWS.items())
 #: A batch of sends and receives (``batch_op_create().issue()``), in the order they were queued.
-BATCH = OpSpec("batch_issue", ("sends", "recvs", "is_recv", "peers"), (TENSORS, OUTS, BOOLS, INTS))
+BATCH = OpSpec(
+    "batch_op_issue", ("sends", "recvs", "is_recv", "peers"), (TENSORS, OUTS, BOOLS, INTS)
+)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from torchcomms.functional import table
-from torchcomms.functional.ops import ORDER_TOKEN, async_name
+from torchcomms.functional.ops import ORDER_TOKEN, WAIT, async_name, hints_text
 from torchcomms.types import (
     UNSET_BATCH_TIMEOUT,
     BatchP2POptions,
@@ -54,6 +54,12 @@ def _seconds(timeout: timedelta) -> float:
 
 
 @torch.compiler.assume_constant_result
+def _hints_text(keys: tuple[str, ...], values: tuple[str, ...]) -> str:
+    """The hints as one string (the functional ops' form), evaluated at trace time."""
+    return hints_text(keys, values)
+
+
+@torch.compiler.assume_constant_result
 def _new_call_id() -> int:
     """A number for one call site of one trace (a graph constant): its async work's key."""
     return next(_call_ids)
@@ -81,16 +87,20 @@ def _red(op: ReduceOp) -> tuple[int, float | None, torch.Tensor | None]:
 
 
 class TracedWork(TorchWork):
-    """The work a traced call returns; ``wait()`` is the graph's ``wait_`` op."""
+    """The work a traced call returns; ``wait()`` is the graph's ``torchcomm_wait_`` op (none
+    for a call that completed in its own op: ``done``)."""
 
-    def __init__(self, tensors: Sequence[torch.Tensor], call_id: int) -> None:
+    def __init__(self, tensors: Sequence[torch.Tensor], call_id: int, done: bool = False) -> None:
         super().__init__()
         self._tensors = list(tensors)
         self._call_id = call_id
+        self._done = done
 
     def wait(self) -> None:
+        if self._done:
+            return
         with torch.no_grad():
-            _ops().wait_(ORDER_TOKEN, self._tensors, self._call_id)
+            getattr(_ops(), WAIT)(ORDER_TOKEN, self._tensors, self._call_id)
 
     def is_completed(self) -> bool:
         return True
@@ -129,12 +139,15 @@ def call(
     comm: Any,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    functional: str | None = None,
 ) -> TracedWork:
     """Emit the op of one ``table.OPS`` row for a call ``method(*args, **kwargs)``.
 
     Binds the arguments as the eager method does (its names, then ``async_op``, ``hints=None``,
     ``timeout=None``), flattens them into the op's schema types and returns the work whose
-    ``wait()`` emits ``wait_`` on the tensors the op writes."""
+    ``wait()`` emits ``torchcomm_wait_`` on the tensors the op writes.  ``functional`` names
+    the row's differentiable functional op, if it has one: a call whose input requires grad
+    emits it instead (``_differentiable``)."""
     params = (*names, "async_op", "hints", "timeout")
     if len(args) > len(params):
         raise TypeError(f"{op_name[:-1]}() takes {len(params)} arguments, got {len(args)}")
@@ -162,6 +175,67 @@ def call(
             outputs.append(value)
         elif kind == table.OUTS:
             outputs.extend(value)
+    if functional is not None and _wants_grad(names, kinds, bound, outputs):
+        return _differentiable(functional, names, kinds, bound, comm, flat, tail)
     with torch.no_grad():
         _op(op_name, async_op)(comm, ORDER_TOKEN, *flat, *tail)
     return TracedWork(outputs, tail[-1])
+
+
+def _wants_grad(
+    names: tuple[str, ...],
+    kinds: tuple[str, ...],
+    bound: dict[str, Any],
+    outputs: list[torch.Tensor],
+) -> bool:
+    """Whether a call goes through autograd: grad mode on and an input requiring grad.
+
+    The inputs are the tensors an op reads, or, for an op that only writes in place
+    (``all_reduce``), the tensors it writes.  A leaf that requires grad and is written stays
+    outside autograd, as in an eager call (autograd refuses an in-place write to it)."""
+    if not torch.is_grad_enabled():
+        return False
+    read_only = any(k in (table.TENSOR, table.TENSORS) for k in kinds)
+    inputs: list[torch.Tensor] = []
+    for name, kind in zip(names, kinds, strict=False):
+        value = bound[name]
+        if kind == table.TENSOR or (kind == table.OUT and not read_only):
+            inputs.append(value)
+        elif kind == table.TENSORS or (kind == table.OUTS and not read_only):
+            inputs.extend(value)
+    if not any(t.requires_grad for t in inputs):
+        return False
+    return not any(t.requires_grad and t.is_leaf for t in outputs)
+
+
+def _differentiable(
+    functional: str,
+    names: tuple[str, ...],
+    kinds: tuple[str, ...],
+    bound: dict[str, Any],
+    comm: Any,
+    flat: list[Any],
+    tail: _Tail,
+) -> TracedWork:
+    """The functional op (its autograd formula records the backward collective), its results
+    copied into the outputs under autograd, as an in-place write of them.  It completes in
+    its own op, so its work's ``wait()`` emits nothing (an ``async_op=True`` call is issued
+    synchronously)."""
+    async_op, keys, values, seconds, call_id = tail
+    hints = _hints_text(tuple(keys), tuple(values))
+    result = getattr(_ops(), functional)(comm, ORDER_TOKEN, *flat, async_op, hints, seconds, call_id)
+    with torch.no_grad():
+        ORDER_TOKEN.copy_(result[0])
+    at = 1
+    outputs: list[torch.Tensor] = []
+    for name, kind in zip(names, kinds, strict=False):
+        if kind == table.OUT:
+            bound[name].copy_(result[at])
+            outputs.append(bound[name])
+            at += 1
+        elif kind == table.OUTS:
+            for dst, src in zip(bound[name], result[at], strict=True):
+                dst.copy_(src)
+                outputs.append(dst)
+            at += 1
+    return TracedWork(outputs, tail[-1], done=True)
