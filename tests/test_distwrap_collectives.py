@@ -130,6 +130,14 @@ def _every_call(ns: ModuleType, r: int, n: int) -> dict[str, Any]:
     _wait(ns.gather(base, got, group_dst=0, async_op=True))
     out["gather_async"] = torch.stack(got) if got is not None else None
 
+    # scatter and gather (and three object calls) default to global rank 0, as torch's do
+    t = torch.zeros(4)
+    ns.scatter(t, inputs if r == 0 else None)
+    out["scatter_default_src"] = t
+    got = [torch.zeros(4) for _ in range(n)] if r == 0 else None
+    ns.gather(base, got)
+    out["gather_default_dst"] = torch.stack(got) if got is not None else None
+
     assert ns.barrier() is None
     _wait(ns.barrier(async_op=True))
 
@@ -179,6 +187,13 @@ def _every_call(ns: ModuleType, r: int, n: int) -> dict[str, Any]:
     bcast: list[Any] = [{"from": r}, r] if r == 2 else [None, None]
     ns.broadcast_object_list(bcast, group_src=2)
     out["broadcast_object_list"] = bcast
+    defaults: list[Any] = [f"from {r}"]
+    ns.broadcast_object_list(defaults)
+    gathered = [None] * n if r == 0 else None
+    ns.gather_object(r * r, gathered)
+    received = [None]
+    ns.scatter_object_list(received, list(range(10, 10 + n)) if r == 0 else None)
+    out["object_calls_default_to_rank_0"] = [defaults, gathered, received]
     return out
 
 
@@ -218,6 +233,13 @@ def _expected(r: int, n: int) -> dict[str, Any]:
         "all_to_all_single_splits_async": torch.cat(
             [src_v[j][off : off + r + 1] for j in range(n)]
         ),
+        "scatter_default_src": inputs[0][r],
+        "gather_default_dst": torch.stack(base) if r == 0 else None,
+        "object_calls_default_to_rank_0": [
+            ["from 0"],
+            [j * j for j in range(n)] if r == 0 else None,
+            [10 + r],
+        ],
         "scatter": inputs[0][r],
         "scatter_async": inputs[1][r],
         "gather": torch.stack(base) if r == 2 else None,

@@ -9,7 +9,9 @@ falls back to it (gloo cannot split).  Bad split lists are refused, the world le
 
 from __future__ import annotations
 
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ import torch.distributed as tdist
 from torch._C._distributed_c10d import PrefixStore
 
 from tests.distwrap_cases import Cases
-from tests.harness import RankContext
+from tests.harness import REPO_ROOT, RankContext, run_torchrun
 from torchcomms import distwrap as dist
 from torchcomms._backend_wrapper import _BackendWrapper
 from torchcomms.distwrap import registry
@@ -230,3 +232,29 @@ def test_groups(name: str) -> None:
 @pytest.mark.parametrize("name", list(slow_cases.cases))
 def test_groups_slow(name: str) -> None:
     slow_cases.check(_slow_rank, WORLD, name, timeout=180)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("use_torchcomms", ["1", "0"])
+def test_ddp_example_changes_one_import(tmp_path: Path, use_torchcomms: str) -> None:
+    """``examples/distwrap_ddp.py`` under torchrun trains as a single process would."""
+    examples = Path(REPO_ROOT) / "examples"
+    sys.path.insert(0, str(examples))
+    from _training import read_result, reference
+
+    out = tmp_path / "result.json"
+    proc = run_torchrun(
+        [str(examples / "distwrap_ddp.py"), "--steps", "3", "--out", str(out)],
+        nproc=2,
+        timeout=240.0,
+        env={"USE_TORCHCOMMS": use_torchcomms},
+    )
+    assert proc.returncode == 0, proc.stdout
+    group = "_BackendWrapper" if use_torchcomms == "1" else "ProcessGroup"
+    assert f"distwrap DDP on {group}: 2 ranks" in proc.stdout, proc.stdout
+    losses, params = read_result(str(out))
+    ref_losses, ref_params = reference(3, 2)
+    tol = {"rtol": 1e-5, "atol": 1e-6}
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), **tol)
+    for name, value in params.items():
+        torch.testing.assert_close(value, ref_params[name].flatten(), **tol, msg=name)

@@ -234,7 +234,7 @@ def scatter(
             tensor, scatter_list, src=src, group=group, async_op=async_op, group_src=group_src
         )
     pg = registry.get_group(group)
-    root = registry.resolve_peer(pg, src, group_src, ("src", "group_src"), "scatter")
+    root = registry.resolve_peer(pg, src, group_src, ("src", "group_src"), "scatter", default=0)
     comm = registry.comm_for(pg, "scatter", tensor=tensor)
     inputs = list(scatter_list or []) if comm.get_rank() == root else []
     return _done(comm.scatter(tensor, inputs, root, async_op), async_op)
@@ -253,7 +253,7 @@ def gather(
             tensor, gather_list, dst=dst, group=group, async_op=async_op, group_dst=group_dst
         )
     pg = registry.get_group(group)
-    root = registry.resolve_peer(pg, dst, group_dst, ("dst", "group_dst"), "gather")
+    root = registry.resolve_peer(pg, dst, group_dst, ("dst", "group_dst"), "gather", default=0)
     comm = registry.comm_for(pg, "gather", tensor=tensor)
     outputs = list(gather_list or []) if comm.get_rank() == root else []
     return _done(comm.gather(outputs, tensor, root, async_op), async_op)

@@ -55,8 +55,13 @@ def _check_torchcomms_devices(device_backends: dict[str, str]) -> None:
         )
 
 
+def _env_rendezvous() -> bool:
+    """torch's ``env://`` can meet (it also knows torchrun's agent store): leave it to torch."""
+    return "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ
+
+
 def _shared_store(rank: int, world_size: int, timeout: timedelta | None) -> dist.Store:
-    """Upstream's store for a torchcomms world without store or init_method: MASTER_ADDR/PORT."""
+    """Upstream's store for a torchcomms world with nowhere to meet: localhost:29500 defaults."""
     host = os.environ.get("MASTER_ADDR", "localhost")
     port = int(os.environ.get("MASTER_PORT", "29500"))
     kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
@@ -100,7 +105,7 @@ def init_process_group(
                 "(torch.distributed.distributed_c10d._TORCHCOMM_AVAILABLE is False)"
             )
         device_id = None
-        if store is None and init_method is None:
+        if store is None and init_method is None and not _env_rendezvous():
             store = _shared_store(rank, world_size, timeout)
         registry.enable_torch_switch()
     registry.set_mode(use_torchcomms, device_id is not None)

@@ -38,7 +38,9 @@ def gather_object(
         dist.gather_object(obj, object_gather_list, dst=dst, group=group, group_dst=group_dst)
         return
     pg = registry.get_group(group)
-    root = registry.resolve_peer(pg, dst, group_dst, ("dst", "group_dst"), "gather_object")
+    root = registry.resolve_peer(
+        pg, dst, group_dst, ("dst", "group_dst"), "gather_object", default=0
+    )
     comm = registry.default_comm(pg, "gather_object")
     objcol.gather_object(comm, obj, root=root, object_gather_list=object_gather_list)
 
@@ -60,7 +62,9 @@ def scatter_object_list(
         )
         return
     pg = registry.get_group(group)
-    root = registry.resolve_peer(pg, src, group_src, ("src", "group_src"), "scatter_object_list")
+    root = registry.resolve_peer(
+        pg, src, group_src, ("src", "group_src"), "scatter_object_list", default=0
+    )
     objcol.scatter_object_list(
         registry.default_comm(pg, "scatter_object_list"),
         root=root,
@@ -82,6 +86,8 @@ def broadcast_object_list(
         )
         return
     pg = registry.get_group(group)
-    root = registry.resolve_peer(pg, src, group_src, ("src", "group_src"), "broadcast_object_list")
+    root = registry.resolve_peer(
+        pg, src, group_src, ("src", "group_src"), "broadcast_object_list", default=0
+    )
     comm = registry.default_comm(pg, "broadcast_object_list")
     objcol.broadcast_object_list(comm, object_list, root=root)

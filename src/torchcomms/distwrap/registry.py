@@ -190,9 +190,16 @@ def resolve_peer(
     group_peer: int | None,
     names: tuple[str, str],
     op: str,
+    default: int | None = None,
 ) -> int:
-    """The group rank meant by ``peer`` (global) or ``group_peer``; exactly one is given."""
+    """The group rank meant by ``peer`` (global) or ``group_peer``; exactly one is given.
+
+    ``default`` (a global rank) stands in when neither is, as torch does for the rooted
+    calls that default to global rank 0 (scatter, gather and three object collectives).
+    """
     what, group_what = names
+    if group_peer is None and peer is None and default is not None:
+        peer = default
     if group_peer is None:
         if peer is None:
             raise ValueError(f"{op}: Either {what} or {group_what} must be specified")
