@@ -299,6 +299,18 @@ def grad_all_to_all_v_single(comm: Any, x: torch.Tensor) -> torch.Tensor:
     return (out * (torch.arange(out.numel()) + 100 * rank)).sum()
 
 
+def grad_scaled(comm: Any, x: torch.Tensor) -> torch.Tensor:
+    """The scaling reductions: PREMUL_SUM(2) all_reduce, then an AVG reduce_scatter_single, and
+    a MAX all_reduce (no formula: no autograd node, the identity)."""
+    size, rank = comm.get_size(), comm.get_rank()
+    b = x * 1.0
+    comm.all_reduce(b, ReduceOp.PREMUL_SUM(2.0), False)
+    out = torch.zeros(C)
+    comm.reduce_scatter_single(out, b, ReduceOp.AVG, False)
+    comm.all_reduce(out, ReduceOp.MAX, False)
+    return (out * (rank + 1) * size).sum()
+
+
 @dataclass(frozen=True)
 class GradCase:
     """A loss through one collective: ``fn(comm, x)``, ``x`` of ``numel(rank, size)`` elements,
@@ -360,6 +372,13 @@ GRAD_CASES = (
         grad_all_to_all_single,
         lambda r, n: C * n,
         lambda r, n: _chunked(n, lambda i: torch.arange(r * C, (r + 1) * C) + 100 * i),
+    ),
+    # d loss / d b_q (chunk i) = size (i + 1) / size; b_q = 2 sum_r x_r: 2 size (i + 1)
+    GradCase(
+        "scaled",
+        grad_scaled,
+        lambda r, n: C * n,
+        lambda r, n: _chunked(n, lambda i: torch.full((C,), float(2 * n * (i + 1)))),
     ),
     # the i + 1 elements rank r sends rank i are rank i's output from r: at r * (i + 1)
     GradCase(

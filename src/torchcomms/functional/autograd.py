@@ -4,7 +4,8 @@ Each backward is a collective over the same communicator, emitted as a functiona
 compiled graph's backward graph holds it like any other op (and an eager backward runs it):
 
 * ``all_reduce``: the same all_reduce of the gradient (``SUM``, ``AVG`` and ``PREMUL_SUM``,
-  the reductions that are linear; the others raise when differentiated);
+  the linear reductions; a traced call with another one adds no autograd node, and the
+  formula refuses one);
 * ``all_gather`` / ``all_gather_single``: a ``SUM`` reduce_scatter of the gradients;
 * ``reduce_scatter`` / ``reduce_scatter_single``: an all_gather of the gradient, scaled as
   the reduction scales (``AVG``: by 1 / size, ``PREMUL_SUM(f)``: by ``f``);
@@ -148,10 +149,11 @@ def _scaled(ctx: Any, grads: Any, ft: Any, method: str) -> Any:
     red = _check_linear(method, red)
     if red == RedOpType.SUM.value:
         return grads
-    if red == RedOpType.AVG.value:
-        scale: Any = 1.0 / ctx.size
-    else:
-        scale = ft if ft is not None else float(factor or 0)
+    if red == RedOpType.AVG.value:  # divided, not multiplied by 1 / size: exact where it can be
+        if isinstance(grads, list):
+            return [g / ctx.size for g in grads]
+        return grads / ctx.size
+    scale = ft if ft is not None else float(factor or 0)
     if isinstance(grads, list):
         return [g * scale for g in grads]
     return grads * scale

@@ -35,6 +35,8 @@ from torchcomms.types import (
 from torchcomms.work import TorchWork
 
 _Tail = tuple[bool, list[str], list[str], "float | None", int]
+#: The reductions with a gradient formula (autograd.py): the linear ones.
+_LINEAR = (RedOpType.SUM, RedOpType.AVG, RedOpType.PREMUL_SUM)
 _call_ids = itertools.count()
 
 
@@ -191,10 +193,13 @@ def _wants_grad(
     """Whether a call goes through autograd: grad mode on and an input requiring grad.
 
     The inputs are the tensors an op reads, or, for an op that only writes in place
-    (``all_reduce``), the tensors it writes.  A leaf that requires grad and is written stays
+    (``all_reduce``), the tensors it writes; a reduction must be linear (``_LINEAR``).  A leaf that requires grad and is written stays
     outside autograd, as in an eager call (autograd refuses an in-place write to it)."""
     if not torch.is_grad_enabled():
         return False
+    for name, kind in zip(names, kinds, strict=False):
+        if kind == table.RED and bound[name].type not in _LINEAR:
+            return False  # MAX and the like have no formula: outside autograd, as eagerly
     read_only = any(k in (table.TENSOR, table.TENSORS) for k in kinds)
     inputs: list[torch.Tensor] = []
     for name, kind in zip(names, kinds, strict=False):
