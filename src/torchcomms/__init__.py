@@ -58,6 +58,15 @@ from torchcomms.types import AbortInfo, AbortReason
 
 functional._install_if_enabled()
 
+
+def __getattr__(name: str) -> object:
+    """``torchcomms.distwrap`` on first use: it imports torch.distributed, so never at import."""
+    if name == "distwrap":
+        import importlib  # not ``from torchcomms import``: that would ask this hook again
+
+        return importlib.import_module("torchcomms.distwrap")
+    raise AttributeError(f"module 'torchcomms' has no attribute {name!r}")
+
 __version__ = "0.1.0"
 
 __all__ = [
