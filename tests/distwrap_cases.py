@@ -5,7 +5,8 @@ each rank, which runs every case in registration order and records ``"ok"`` or t
 traceback, so one failing case neither hides the others nor costs a second spawn.  The
 task runs once per session (``Cases.results``); each ``test_*`` then asserts one case on
 every rank.  Every case must leave no process group behind: ``clean`` destroys whatever
-is left and restores torch's torchcomms switch.
+is left and restores torch's torchcomms switch.  ``DISTWRAP_CASE_TIMES=1`` (with ``-s``)
+prints each case's time on each rank.
 """
 
 from __future__ import annotations
