@@ -152,3 +152,30 @@ def test_torchft_scenario(ours: _Ours, module: str, name: str) -> None:
 )
 def test_every_torchft_scenario(ours: _Ours, module: str, name: str) -> None:
     _run(ours, module, name)
+
+
+@pytest.mark.slow
+def test_ft_diloco_example() -> None:
+    """``examples/ft_diloco.py``: Streaming DiLoCo, replica 1 SIGKILLed at step 3-4, healed."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    args = ["--steps", "8", "--kill-step", "3", "--pause", "0.005"]
+    proc = subprocess.run(
+        [sys.executable, "examples/ft_diloco.py", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    # killed once its step reached 3 (it may commit one more before the signal lands)
+    assert re.search(
+        r"ok: replica 1 was killed at step [34], rejoined at step \d+ \(healed", proc.stdout
+    ), proc.stdout
+    table = [line.split() for line in proc.stdout.splitlines() if line[:4].strip().isdigit()]
+    assert [int(row[0]) for row in table] == list(range(1, 9)), proc.stdout
+    assert all(row[-1] == "2" for row in table), proc.stdout  # every outer step had both

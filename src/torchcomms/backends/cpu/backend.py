@@ -205,11 +205,9 @@ class TorchCommGloo(CpuDispatch, CommBackend):
     def _release(self, join_timeout_s: float) -> None:
         """Finish queued ops (bounded), then drop the transport and the store.
 
-        Every way out of a connected comm comes here (``finalize``, the next
-        ``reconfigure``, interpreter exit): rank 0 serves the store the members met on, so
-        it first waits (bounded) until they all read the final handshake's verdict, or its
-        next step could take that server away from a member still reading it.
-        """
+        Every way out of a connected comm (``finalize``, the next ``reconfigure``, exit) comes
+        here: rank 0 first waits (bounded) until the members read the final handshake's
+        verdict from the store it serves (``connect.members_detached``)."""
         _live.discard(self)
         store, status = self._store, self._status
         if self._rank == 0 and self._ops is not None and store is not None and status.cause is None:
@@ -502,42 +500,15 @@ class TorchCommGloo(CpuDispatch, CommBackend):
                 len(ranks),
             )
         finally:
-            self._split_done(options.timeout)
+            self.split_outside(name, options)  # done with the parent's store, as outsiders are
         return child
 
     def split_outside(self, name: str, options: CommOptions) -> None:
-        self._split_done(options.timeout)
-
-    def _split_done(self, timeout: timedelta) -> None:
-        """This rank no longer reads the parent's store for this split; rank 0 waits for all.
-
-        The groups of a split meet on the parent's store, which rank 0 serves when the
-        communicator bootstrapped without ``store=``: rank 0 (in a group or not) returns
-        only once every parent rank is done with it, so its next step (``finalize``,
-        exit) cannot cut off a group still connecting.  A split is collective over the
-        parent (as NCCL's), so every rank counts the same calls.
-        """
-        store = self._store
+        """Done with the parent's store for this split: rank 0 waits (``connect.split_done``)."""
         self._split_calls += 1
-        if store is None or self._size == 1:
-            return
-        key = f"split_done/{self._split_calls}"
-        if self._rank != 0:
-            cpu_connect.count_in(store.store, key)
-            return
-        if store.durable is None:
-            cpu_connect.members_done(
-                store.store, key, self._size, Deadline(timeout), self._dead_local_peers
-            )
-
-    def _dead_local_peers(self) -> int:
-        """How many members on this host have exited (they will never count themselves in)."""
-        me = self._peers[self._rank][0]
-        return sum(
-            1
-            for r, (host, pid) in enumerate(self._peers)
-            if r != self._rank and host == me and not process_alive(pid)
-        )
+        if self._store is not None:
+            key, deadline = f"split_done/{self._split_calls}", Deadline(options.timeout)
+            cpu_connect.split_done(self._store, key, self._rank, self._peers, deadline)
 
     # -- execution plumbing --------------------------------------------------------------------
     def _run(

@@ -26,6 +26,7 @@ from typing import TypeVar
 import torch._C._distributed_c10d as c10d
 import torch.distributed
 
+from torchcomms.bootstrap import CommStore
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError, CommTimeoutError, PeerFailureError
 from torchcomms.transport.errors import ranks_text
@@ -295,37 +296,41 @@ def members_detached(
         time.sleep(0.001)
 
 
-def count_in(store: c10d.Store, key: str) -> None:
-    """Count this member in under ``key`` (``members_done``); a store already gone is fine."""
-    try:
-        store.add(key, 1)
-    except Exception as exc:  # rank 0 is gone: nobody waits for the count
-        logger.debug("could not count in under %s (%s)", key, exc)
+def split_done(
+    store: CommStore, key: str, rank: int, peers: Sequence[tuple[str, int]], deadline: Deadline
+) -> None:
+    """This member no longer reads the parent's store for one split; rank 0 waits for all.
 
-
-def members_done(
-    store: c10d.Store,
-    key: str,
-    size: int,
-    deadline: Deadline,
-    dead_members: Callable[[], int],
-) -> bool:
-    """Whether the other ``size - 1`` members counted themselves in under ``key``.
-
-    Waits until they have, until ``deadline``, or until the ones missing are all members
-    that exited (``dead_members()`` counts them); polls with a growing pause (1-20 ms).
+    The groups of a split meet on the parent's store, which rank 0 serves when the
+    communicator bootstrapped without ``store=``: rank 0 (in a group or not) returns only
+    once every parent rank counted itself in under ``key``, so its next step (``finalize``,
+    exit) cannot cut off a group still connecting.  A split is collective over the parent
+    (as NCCL's), so every rank counts the same calls.  Rank 0 stops waiting at ``deadline``
+    or once the only ones missing are members on this host that exited.
     """
+    size = len(peers)
+    if size <= 1:
+        return
+    if rank != 0:
+        try:
+            store.store.add(key, 1)
+        except Exception as exc:  # rank 0 is gone: nobody waits for the count
+            logger.debug("could not count in under %s (%s)", key, exc)
+        return
+    if store.durable is not None:
+        return  # the store outlives every member: nothing to keep alive
+    host = peers[0][0]
     pause = 0.001
     while True:
         try:
-            done = store.add(key, 0)
+            done = store.store.add(key, 0)
         except Exception:  # the store is gone already: nobody can be reading it
-            return True
-        if done >= size - 1:
-            return True
-        if deadline.passed() or done + dead_members() >= size - 1:
-            logger.debug("%d of %d members counted in under %s", done, size - 1, key)
-            return False
+            return
+        exited = sum(1 for h, pid in peers[1:] if h == host and not process_alive(pid))
+        if done >= size - 1 or done + exited >= size - 1 or deadline.passed():
+            if done < size - 1:
+                logger.debug("%d of %d members counted in under %s", done, size - 1, key)
+            return
         time.sleep(min(pause, max(deadline.left_s(), 0.0)))
         pause = min(pause * 2, 0.02)
 
