@@ -1349,3 +1349,16 @@ def test_bridge_argument_errors() -> None:
     with pytest.raises(ValueError, match="mesh_dim_names must be unique"):
         init_device_mesh((comm, comm), ("dp", "dp"))
     pg.shutdown()
+
+
+def test_c10d_reduce_ops_map_to_ours() -> None:
+    """A bare ``dist.ReduceOp.SUM`` (a ``RedOpType``), a ``ReduceOp`` object and premul sum."""
+    from torchcomms import ReduceOp
+    from torchcomms._c10d.args import _reduce_op
+
+    assert _reduce_op(dist.ReduceOp.SUM) == ReduceOp.SUM
+    assert _reduce_op(dist.ReduceOp.MAX) == ReduceOp.MAX
+    assert _reduce_op(dist.ReduceOp.AVG) == ReduceOp.AVG
+    assert _reduce_op(dist.ReduceOp(dist.ReduceOp.BXOR)) == ReduceOp.BXOR
+    premul = _reduce_op(dist._make_nccl_premul_sum(2.5))
+    assert repr(premul) == "ReduceOp.PREMUL_SUM(2.5)", repr(premul)

@@ -28,7 +28,8 @@ def _reduce_op(op: Any) -> ReduceOp:
         return op
     if isinstance(op, RedOpType):
         return ReduceOp(op) if op is not RedOpType.PREMUL_SUM else ReduceOp.PREMUL_SUM(1.0)
-    kind = op.op if isinstance(op, c10d.ReduceOp) else op  # type: ignore[attr-defined]
+    # A c10d ReduceOp carries its kind in ``.op``; a bare ``dist.ReduceOp.SUM`` is the kind.
+    kind = op.op if isinstance(op, c10d.ReduceOp) and hasattr(op, "op") else op
     name = getattr(kind, "name", None)
     if name is None:
         raise TypeError(f"unsupported reduce op {op!r}")
