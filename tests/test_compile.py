@@ -387,7 +387,14 @@ def op_names() -> list[str]:
         want += [spec.op, spec.op + "async"]
         if spec.mutated():
             want.append(spec.functional)
-    return [name for name in want if not hasattr(torch.ops.torchcomms, name)]
+    missing = [name for name in want if not hasattr(torch.ops.torchcomms, name)]
+    # the functional ops' hints, one string, read back as the eager call gets them
+    from torchcomms.functional import ops
+
+    keys, values = ["a", "b=c", ""], ["1", "x\ny", ""]
+    if ops._hints(ops.hints_text(keys, values)) != (keys, values) or ops._hints("") != ([], []):
+        missing.append("hints round trip")
+    return missing
 
 
 def _check_waits(reports: list[dict[str, Any]]) -> None:

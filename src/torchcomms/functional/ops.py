@@ -5,8 +5,8 @@ names, ``torchcomm_<method>_`` (in place, ``async_op=False``) and, if it writes 
 ``torchcomm_<method>`` (functional); ``torchcomm_<method>_async`` is the form an
 ``async_op=True`` call emits, and ``torchcomm_wait_`` waits for it.  Each takes the opaque
 communicator, an *order token* and the operation's arguments flattened into schema types (a
-reduce op as ``(int type, float? factor, Tensor? factor_tensor)``, hints as two ``str[]``,
-the timeout as ``float?`` seconds, and ``call_id``, a constant naming the call site).
+reduce op as ``(int type, float? factor, Tensor? factor_tensor)``, hints as two ``str[]`` (one
+``str`` in the functional ops), the timeout as ``float?`` seconds, and ``call_id``, a constant naming the call site).
 
 * ``torchcomm_<method>_`` runs the eager call to completion and declares the tensors it
   writes as mutated (``Tensor(a!)``), so functionalization and Inductor order every later

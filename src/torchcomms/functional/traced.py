@@ -1,16 +1,17 @@
 """What a communicator call becomes while torch.compile traces it (Dynamo inlines this).
 
 ``call`` takes an eager method's arguments (one row of ``torchcomms.functional.table``),
-flattens them into the schema types of ``torchcomms.functional.ops`` and emits that op (its
-``_async`` form for ``async_op=True``).  The ops run under
-``torch.no_grad()``: an eager call writes its outputs outside autograd (a leaf that
-requires grad may be written, a non-leaf keeps its ``grad_fn``), and so does the graph;
-gradients therefore pass through a collective and its wait as through the identity.
+flattens them into the schema types of ``torchcomms.functional.ops`` and emits that op: the
+in-place ``torchcomm_<method>_`` (its ``_async`` form for ``async_op=True``), run under
+``torch.no_grad()`` as an eager call writes its outputs outside autograd; or, for a row with
+an autograd formula whose input requires grad (grad mode on, a linear reduction), the
+functional ``torchcomm_<method>``, whose results are copied into the outputs under autograd
+(``_differentiable``), so the graph records the formula and its backward collective.
 
-A call returns a ``TracedWork`` whose ``wait()`` emits the ``wait_`` op on the call's
+A call returns a ``TracedWork`` whose ``wait()`` emits ``torchcomm_wait_`` on the call's
 output tensors; a batch's ``issue()`` (``opaque.TraceableBatch``, whose queue is Python state
-at trace time) emits one ``batch_issue_`` op through ``issue_batch``.  Only code that
-runs at trace time lives here: when the graph executes, only the ops' kernels run.
+at trace time) emits one ``torchcomm_batch_op_issue_`` op through ``issue_batch``.  Only code
+that runs at trace time lives here: when the graph executes, only the ops' kernels run.
 """
 
 from __future__ import annotations
@@ -193,8 +194,9 @@ def _wants_grad(
     """Whether a call goes through autograd: grad mode on and an input requiring grad.
 
     The inputs are the tensors an op reads, or, for an op that only writes in place
-    (``all_reduce``), the tensors it writes; a reduction must be linear (``_LINEAR``).  A leaf that requires grad and is written stays
-    outside autograd, as in an eager call (autograd refuses an in-place write to it)."""
+    (``all_reduce``), the tensors it writes; a reduction must be linear (``_LINEAR``).  A leaf
+    that requires grad and is written stays outside autograd, as in an eager call (autograd
+    refuses an in-place write to it)."""
     if not torch.is_grad_enabled():
         return False
     for name, kind in zip(names, kinds, strict=False):
