@@ -374,7 +374,14 @@ def waits_on(comm: Any, backend: str) -> dict[str, Any]:
     pending = TorchCommsAsyncTensor(t, comm.all_reduce(t, ReduceOp.SUM, True))
     before = pending.completed
     total = float(comm.get_size() * (comm.get_size() + 1) // 2)
-    out["async waited on first use"] = ((before, (pending + 0).tolist(), pending.completed), (False, [total] * 4, True))
+    out["async waited on first use"] = (
+        (before, (pending + 0).tolist(), pending.completed),
+        (False, [total] * 4, True),
+    )
+    t = torch.full((4,), float(comm.get_rank() + 1))
+    pending = TorchCommsAsyncTensor(t, comm.all_reduce(t, ReduceOp.SUM, True))
+    (waited,) = ops.torchcomm_wait_tensors([pending])
+    out["wait_tensors waits an async tensor"] = ((waited.tolist(), pending.completed), ([total] * 4, True))
     return out
 
 
