@@ -51,7 +51,7 @@ def timeout_scale() -> float:
 #: Markers whose tests run only when ``-m`` names them, with the skip reason otherwise.
 _OPT_IN = {
     "chaos": "the long fault matrix: run it with -m chaos",
-    "compile_matrix": "the full torch.compile matrix (about 2 min): run it with -m compile_matrix",
+    "compile_matrix": "the full torch.compile matrix (about 5.5 min): run it with -m compile_matrix",
     "slow": "a longer variant of a check the default run makes: run it with -m slow",
 }
 

@@ -108,4 +108,4 @@ def test_unset_in_this_process() -> None:
     from torchcomms import comm
 
     assert comm._comm_class is comm.TorchComm
-    assert not hasattr(torch.ops.torchcomms, "all_reduce_")
+    assert not hasattr(torch.ops.torchcomms, "torchcomm_all_reduce_")
