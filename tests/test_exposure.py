@@ -8,8 +8,9 @@
   another user is refused, a loose one of ours is tightened;
 * ``python -m torchcomms.tools.fr`` refuses files that are not dumps in the recorder's format
   and never runs code from a pickle (restricted unpickler), naming each refused file;
-* an explicit ``weights_only=True`` in ``torchcomms.objcol`` wins over
-  ``TORCHCOMMS_SERIALIZATION=pickle``.
+* ``torchcomms.objcol`` unpickles only on a rank whose own ``TORCHCOMMS_SERIALIZATION`` is
+  ``pickle`` (its consent, as upstream); a rank without it refuses a pickled payload, even
+  with ``weights_only=True`` passed, and loads ``torch.save`` payloads weights-only.
 """
 
 from __future__ import annotations
@@ -292,56 +293,62 @@ class Gift:
 
 
 def _weights_only_cases(ctx: RankContext) -> dict[str, str]:
-    assert os.environ["TORCHCOMMS_SERIALIZATION"] == "pickle"
+    """Each rank's own TORCHCOMMS_SERIALIZATION is its consent to unpickle (as upstream)."""
+    assert "TORCHCOMMS_SERIALIZATION" not in os.environ
     rank, size = ctx.rank, ctx.world_size
     comm = new_comm("gloo", CPU, name="exposure_objcol", store=ctx.store, timeout=TIMEOUT)
     out: dict[str, str] = {}
     gathered: list[Any] = [None] * size
-    # Not passed: the environment's pickle loads anything (as documented).
-    objcol.all_gather_object(comm, gathered, Gift(rank))
-    assert gathered == [Gift(r) for r in range(size)]
-    # Passed True: torch.load(weights_only=True) refuses the class on every rank.
+    # No consent: torch.load(weights_only=True) (the default) refuses the class on every rank.
     with pytest.raises(pickle.UnpicklingError) as info:
-        objcol.all_gather_object(comm, gathered, Gift(rank), weights_only=True)
+        objcol.all_gather_object(comm, gathered, Gift(rank))
     out["all_gather_object"] = str(info.value)
     # ... and plain data still goes through.
-    objcol.all_gather_object(comm, gathered, {"r": rank}, weights_only=True)
+    objcol.all_gather_object(comm, gathered, {"r": rank})
     assert gathered == [{"r": r} for r in range(size)]
     bcast: list[Any] = [Gift(0)] if rank == 0 else [None]
     if rank == 0:
-        objcol.broadcast_object_list(comm, bcast, 0, weights_only=True)
+        objcol.broadcast_object_list(comm, bcast, 0)
     else:
         with pytest.raises(pickle.UnpicklingError) as info:
-            objcol.broadcast_object_list(comm, bcast, 0, weights_only=True)
+            objcol.broadcast_object_list(comm, bcast, 0)
         out["broadcast_object_list"] = str(info.value)
-    # A sender that pickles (send_object_list follows the environment) is refused by a
-    # receiver that passed True, and accepted by one that did not.
-    for case in ("explicit", "default"):
+    # Rank 0 consents (its own setting) and pickles; rank 1 did not: refused, even when it
+    # passed weights_only=True explicitly, and accepted only with weights_only=False.
+    for case in ("explicit", "default", "accepted"):
         if rank == 0:
-            objcol.send_object_list(comm, [{"plain": case}], 1)
+            os.environ["TORCHCOMMS_SERIALIZATION"] = "pickle"
+            try:
+                objcol.send_object_list(comm, [Gift(7)], 1)
+            finally:
+                del os.environ["TORCHCOMMS_SERIALIZATION"]
         elif rank == 1:
             got: list[Any] = [None]
-            if case == "explicit":
-                with pytest.raises(pickle.UnpicklingError) as info:
+            if case == "accepted":
+                objcol.recv_object_list(comm, got, 0, weights_only=False)
+                assert got == [Gift(7)]
+                continue
+            with pytest.raises(pickle.UnpicklingError) as info:
+                if case == "explicit":
                     objcol.recv_object_list(comm, got, 0, weights_only=True)
-                out["recv_object_list"] = str(info.value)
-            else:
-                objcol.recv_object_list(comm, got, 0)
-                assert got == [{"plain": case}]
+                else:
+                    objcol.recv_object_list(comm, got, 0)
+            out[f"recv_object_list {case}"] = str(info.value)
+            assert got == [None]
     comm.finalize()
     return out
 
 
-def test_explicit_weights_only_wins_over_pickle_env() -> None:
-    results = run_ranks(
-        _weights_only_cases, 2, timeout=60, env={"TORCHCOMMS_SERIALIZATION": "pickle"}
-    )
+def test_a_rank_unpickles_only_with_its_own_consent() -> None:
+    results = run_ranks(_weights_only_cases, 2, timeout=60, env={"TORCHCOMMS_SERIALIZATION": None})
     for out in results:
         assert "Weights only load failed" in out["all_gather_object"], out
         assert "Gift" in out["all_gather_object"], out
     assert "Weights only load failed" in results[1]["broadcast_object_list"]
-    assert results[1]["recv_object_list"] == (
-        "[comm=exposure_objcol rank=1] recv_object_list: refusing to unpickle a payload "
-        "serialised with pickle (the sender has TORCHCOMMS_SERIALIZATION=pickle) under "
-        "weights_only=True; pass weights_only=False to accept it"
-    )
+    for case in ("explicit", "default"):
+        assert results[1][f"recv_object_list {case}"] == (
+            "[comm=exposure_objcol rank=1] recv_object_list: refusing to unpickle a payload "
+            "serialised with pickle (the sender has TORCHCOMMS_SERIALIZATION=pickle, this rank "
+            "does not) under weights_only=True; set TORCHCOMMS_SERIALIZATION=pickle on this rank "
+            "or pass weights_only=False to accept it"
+        )
