@@ -16,128 +16,46 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
-import signal
-import subprocess
 import sys
-import threading
-import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 import pytest
 from torch.distributed import TCPStore
+
+from tests.torchft_jobs import REPO, Proc, commits, start_lighthouse, until
 
 pytest.importorskip(
     "torchft.torchcomms",
     reason="torchft is not installed (pip install --no-deps torchft-nightly, see the README)",
 )
 
-REPO = Path(__file__).resolve().parent.parent
 #: The value each replica contributes (its number + 1), beside a one-hot of who it is.
 VALUE = {"r0": 1.0, "r1": 2.0, "r2": 3.0}
 
 
-class _Proc:
-    """A child process whose output lines are collected by a reader thread."""
-
-    def __init__(self, name: str, argv: list[str], env: dict[str, str]) -> None:
-        self.name = name
-        self.lines: list[str] = []
-        self.proc = subprocess.Popen(
-            argv,
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def steps(self) -> list[dict[str, Any]]:
-        return [json.loads(line[5:]) for line in list(self.lines) if line.startswith("STEP ")]
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-
-def _lighthouse_binary() -> str:
-    beside = Path(sys.executable).with_name("torchft_lighthouse")
-    found = str(beside) if beside.exists() else shutil.which("torchft_lighthouse")
-    if not found:
-        pytest.skip("torchft_lighthouse (shipped in the torchft wheel) is not on PATH")
-    return found
-
-
-def _until(what: str, cond: Callable[[], bool], timeout_s: float, procs: list[_Proc]) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            tails = "\n".join(f"--- {p.name}:\n" + "\n".join(p.lines[-25:]) for p in procs)
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}\n{tails}")
-        time.sleep(0.1)
-
-
-def _commits(proc: _Proc, n: int, after_step: int = -1) -> list[dict[str, Any]]:
-    return [s for s in proc.steps() if s["commit"] and s["n"] == n and s["step"] > after_step]
-
-
 def test_torchft_replica_killed_and_rejoined() -> None:
     ctrl = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    lighthouse = _Proc(
-        "lighthouse",
-        [
-            _lighthouse_binary(),
-            "--bind",
-            "[::]:0",
-            "--min_replicas",
-            "2",
-            "--join_timeout_ms",
-            "1000",
-            "--quorum_tick_ms",
-            "50",
-            "--heartbeat_timeout_ms",
-            "1500",
-        ],
-        dict(os.environ),
-    )
+    lighthouse, address = start_lighthouse(min_replicas=2, join_timeout_ms=1000)
     procs = [lighthouse]
     try:
-        _until(
-            "the lighthouse", lambda: any("listening on" in x for x in lighthouse.lines), 30, procs
-        )
-        found = re.search(r"listening on: (http://\S+)", "\n".join(lighthouse.lines))
-        assert found, lighthouse.lines
         env = dict(os.environ)
         env.update(
-            TORCHFT_LIGHTHOUSE=found.group(1),
+            TORCHFT_LIGHTHOUSE=address,
             TORCHCOMM_ABORT_ON_ERROR="0",
             PYTHONPATH=str(REPO),
             PYTHONUNBUFFERED="1",
             OMP_NUM_THREADS="1",
         )
 
-        def start(rid: str) -> _Proc:
+        def start(rid: str) -> Proc:
             argv = [sys.executable, "-m", "tests.torchft_replica", rid, str(ctrl.port)]
-            return _Proc(rid, argv, env)
+            return Proc(rid, argv, env)
 
         r0, r1, r2 = (start(rid) for rid in ("r0", "r1", "r2"))
         procs += [r0, r1, r2]
         three = [r0, r1, r2]
-        _until(
+        until(
             "3 commits of 3 replicas",
-            lambda: all(len(_commits(p, 3)) >= 3 for p in three),
+            lambda: all(len(commits(p, 3)) >= 3 for p in three),
             90,
             procs,
         )
@@ -147,9 +65,9 @@ def test_torchft_replica_killed_and_rejoined() -> None:
         r2.kill()
         killed_at = max(s["step"] for p in (r0, r1) for s in p.steps())
         survivors = [r0, r1]
-        _until(
+        until(
             "3 commits of the 2 survivors",
-            lambda: all(len(_commits(p, 2, killed_at)) >= 3 for p in survivors),
+            lambda: all(len(commits(p, 2, killed_at)) >= 3 for p in survivors),
             60,
             procs,
         )
@@ -158,9 +76,9 @@ def test_torchft_replica_killed_and_rejoined() -> None:
         back = max(s["step"] for p in survivors for s in p.steps())
         r2b = start("r2")
         procs.append(r2b)
-        _until(
+        until(
             "r2 rejoined and 2 commits of 3",
-            lambda: all(len(_commits(p, 3, back)) >= 2 for p in (r0, r1, r2b)),
+            lambda: all(len(commits(p, 3, back)) >= 2 for p in (r0, r1, r2b)),
             90,
             procs,
         )
@@ -185,11 +103,11 @@ def test_torchft_replica_killed_and_rejoined() -> None:
     # Replicas agree on the weights at every step (the healed r2 included).
     assert all(len(ws) == 1 for ws in by_step.values()), by_step
     # The quorum shrank after the kill: a later quorum id, two participants, comm size 2.
-    after = _commits(r0, 2, killed_at)
+    after = commits(r0, 2, killed_at)
     assert after and after[0]["quorum"] > quorum_before and after[0]["comm"][1] == 2, after[:2]
     assert all(s["members"] == [0, 1] for s in after), after
     # r2's second life started at step 0 and healed to the survivors' step before committing.
-    first = _commits(r2b, 3)[0]
+    first = commits(r2b, 3)[0]
     assert first["start_step"] > back - 1 and first["step"] > back, (first, back)
     assert any("healing required" in line for line in r2b.lines), r2b.lines[-40:]
     assert any("Loaded state dict" in line for line in r2b.lines), r2b.lines[-40:]
@@ -198,8 +116,8 @@ def test_torchft_replica_killed_and_rejoined() -> None:
     for line in lighthouse.lines:
         if "quorum_id" in line and "bumping" in line:
             print("lighthouse:", line[-110:])
-    before = [s for s in _commits(r0, 3) if s["step"] <= killed_at]
-    for s in [*before[-1:], *after[:2], *_commits(r0, 3, back)[:1], first]:
+    before = [s for s in commits(r0, 3) if s["step"] <= killed_at]
+    for s in [*before[-1:], *after[:2], *commits(r0, 3, back)[:1], first]:
         print("step:", json.dumps(s))
     heal = [line for line in r2b.lines if "healing required" in line or "Loaded state" in line]
     print("r2 restarted:", *[line[:160] for line in heal[:2]], sep="\n  ")
@@ -207,7 +125,7 @@ def test_torchft_replica_killed_and_rejoined() -> None:
         "torchft: killed r2 at step",
         killed_at,
         "; survivors committed",
-        len(_commits(r0, 2)),
+        len(commits(r0, 2)),
         "steps of 2; r2 healed at step",
         first["start_step"],
     )
