@@ -303,36 +303,36 @@ def split_done(
 
     The groups of a split meet on the parent's store, which rank 0 serves when the
     communicator bootstrapped without ``store=``: rank 0 (in a group or not) returns only
-    once every parent rank counted itself in under ``key``, so its next step (``finalize``,
-    exit) cannot cut off a group still connecting.  A split is collective over the parent
-    (as NCCL's), so every rank counts the same calls.  Rank 0 stops waiting at ``deadline``
-    or once the only ones missing are members on this host that exited.
+    once every other parent rank counted itself in under ``key`` (the last one to do so
+    marks ``key/all``), so its next step (``finalize``, exit) cannot cut off a group still
+    connecting.  A split is collective over the parent (as NCCL's), so every rank counts
+    the same calls.  O(1) store round trips per member; rank 0 polls with ``check`` (as
+    ``wait_keys`` does) and stops at ``deadline`` or once the only ones missing are members
+    on this host that exited.
     """
     size = len(peers)
     if size <= 1:
         return
     if rank != 0:
         try:
-            store.store.add(key, 1)
+            if store.store.add(key, 1) == size - 1:
+                store.store.set(f"{key}/all", "1")
         except Exception as exc:  # rank 0 is gone: nobody waits for the count
             logger.debug("could not count in under %s (%s)", key, exc)
         return
     if store.durable is not None:
         return  # the store outlives every member: nothing to keep alive
-    host = peers[0][0]
-    pause = 0.001
-    while True:
-        try:
-            done = store.store.add(key, 0)
-        except Exception:  # the store is gone already: nobody can be reading it
-            return
-        exited = sum(1 for h, pid in peers[1:] if h == host and not process_alive(pid))
-        if done >= size - 1 or done + exited >= size - 1 or deadline.passed():
-            if done < size - 1:
-                logger.debug("%d of %d members counted in under %s", done, size - 1, key)
-            return
-        time.sleep(min(pause, max(deadline.left_s(), 0.0)))
-        pause = min(pause * 2, 0.02)
+    host, pause = peers[0][0], 0.001
+    try:
+        while not store.store.check([f"{key}/all"]):
+            exited = sum(1 for h, pid in peers[1:] if h == host and not process_alive(pid))
+            if deadline.passed() or (exited and store.store.add(key, 0) + exited >= size - 1):
+                logger.debug("split: not every member counted in under %s", key)
+                return
+            time.sleep(min(pause, max(deadline.left_s(), 0.0)))
+            pause = min(pause * 2, 0.02)
+    except Exception:  # the store is gone already: nobody can be reading it
+        return
 
 
 def exchange_identities(
