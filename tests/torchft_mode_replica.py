@@ -32,6 +32,8 @@ import torch
 from torch import nn
 from torch.distributed import TCPStore
 
+from tests.torchft_replica import replica_manager
+
 MODES = ("ddp", "localsgd", "diloco")
 
 
@@ -46,27 +48,12 @@ def digest(model: nn.Module) -> str:
 def main(mode: str, replica_id: str, ctrl_port: int) -> None:
     from torchft.ddp import DistributedDataParallel
     from torchft.local_sgd import DiLoCo, LocalSGD
-    from torchft.manager import Manager
     from torchft.optim import OptimizerWrapper
-    from torchft.torchcomms import ProcessGroupTorchComms
-
-    import torchcomms
 
     assert mode in MODES, mode
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
     ctrl = TCPStore("127.0.0.1", ctrl_port, is_master=False, timeout=timedelta(seconds=60))
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    comm = torchcomms.new_comm(
-        "gloo",
-        torch.device("cpu"),
-        name=f"ft_{mode}_{replica_id}",
-        store=store,
-        enable_reconfigure=True,
-        timeout=timedelta(seconds=5),
-        abort_process_on_timeout_or_error=False,
-    )
-    pg = ProcessGroupTorchComms(comm)
     torch.manual_seed(0)  # every replica starts from the same weights
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     inner = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -75,20 +62,12 @@ def main(mode: str, replica_id: str, ctrl_port: int) -> None:
         model.load_state_dict(sd["model"])
         inner.load_state_dict(sd["optim"])
 
-    manager = Manager(
-        pg=pg,
-        load_state_dict=load_state_dict,
+    manager, pg = replica_manager(
+        f"ft_{mode}_{replica_id}",
+        f"{mode}_{replica_id}",
         state_dict=lambda: {"model": model.state_dict(), "optim": inner.state_dict()},
+        load_state_dict=load_state_dict,
         min_replica_size=1,
-        use_async_quorum=False,
-        replica_id=f"{mode}_{replica_id}",
-        store_addr="127.0.0.1",
-        store_port=store.port,
-        rank=0,
-        world_size=1,
-        timeout=timedelta(seconds=10),
-        quorum_timeout=timedelta(seconds=30),
-        connect_timeout=timedelta(seconds=10),
     )
     # Record what should_commit answered (the optimizer wrapper / LocalSGD / DiLoCo call it).
     verdicts: list[bool] = []

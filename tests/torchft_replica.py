@@ -15,37 +15,45 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import torch
 from torch.distributed import TCPStore
 
 
-def main(replica_id: str, ctrl_port: int) -> None:
+def replica_manager(
+    name: str,
+    replica_id: str,
+    state_dict: Callable[[], dict[str, Any]],
+    load_state_dict: Callable[[dict[str, Any]], Any],
+    min_replica_size: int,
+) -> tuple[Any, Any]:
+    """A torchft ``Manager`` of one rank over ``ProcessGroupTorchComms`` of a reconfigurable
+    ``new_comm("gloo", ...)`` named ``name``, with its own store (what every replica here
+    runs); returns the manager and the process group (``pg.comm`` is the communicator)."""
     from torchft.manager import Manager
     from torchft.torchcomms import ProcessGroupTorchComms
 
     import torchcomms
 
-    logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
-    ctrl = TCPStore("127.0.0.1", ctrl_port, is_master=False, timeout=timedelta(seconds=60))
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     comm = torchcomms.new_comm(
         "gloo",
         torch.device("cpu"),
-        name=f"ft_{replica_id}",
+        name=name,
         store=store,
         enable_reconfigure=True,
         timeout=timedelta(seconds=5),
         abort_process_on_timeout_or_error=False,
     )
     pg = ProcessGroupTorchComms(comm)
-    w = torch.zeros(4)
     manager = Manager(
         pg=pg,
-        load_state_dict=lambda sd: w.copy_(sd["w"]),
-        state_dict=lambda: {"w": w.clone()},
-        min_replica_size=2,
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        min_replica_size=min_replica_size,
         use_async_quorum=False,
         replica_id=replica_id,
         store_addr="127.0.0.1",
@@ -56,6 +64,21 @@ def main(replica_id: str, ctrl_port: int) -> None:
         quorum_timeout=timedelta(seconds=30),
         connect_timeout=timedelta(seconds=10),
     )
+    return manager, pg
+
+
+def main(replica_id: str, ctrl_port: int) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
+    ctrl = TCPStore("127.0.0.1", ctrl_port, is_master=False, timeout=timedelta(seconds=60))
+    w = torch.zeros(4)
+    manager, pg = replica_manager(
+        f"ft_{replica_id}",
+        replica_id,
+        state_dict=lambda: {"w": w.clone()},
+        load_state_dict=lambda sd: w.copy_(sd["w"]),
+        min_replica_size=2,
+    )
+    comm = pg.comm
     ctrl.set(f"ready/{replica_id}", "1")
     index = int(replica_id[1:])
     # [value, one-hot of the replica]: the average times n says exactly who took part.
