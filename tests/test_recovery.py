@@ -29,6 +29,7 @@ import torch
 
 from tests.harness import RankContext, RankFailure, run_ranks
 from torchcomms import (
+    CommError,
     CommRevokedError,
     CommStateError,
     CommValidationError,
@@ -160,6 +161,71 @@ def test_reconfigure(placement: str) -> None:
     transport, hosts = PLACEMENTS[placement]
     world = len(hosts) or 3
     run_ranks(_reconfigure_cases, world, transport, hosts, timeout=150, env=ENV)
+
+
+def _launcher_cases(ctx: RankContext, port: int, transport: str) -> str:
+    """Under torchrun (its agent serves MASTER_PORT) with no ``store=``: the handles name
+    that store, with the launcher rank; upstream's ``[handle] * world_size`` meets by
+    arrival, distinct handles by position."""
+    me, world = ctx.rank, ctx.world_size
+    comm = new_comm(
+        "gloo",
+        CPU,
+        name="launched",
+        enable_reconfigure=True,
+        timeout=timedelta(seconds=20),
+        hints={"transport": transport},
+    )
+    handle = comm.get_init_handle()
+    assert handle == f"gloo:{me}:-1:127.0.0.1:{port}", handle
+    comm.reconfigure(uuid=0, init_handles=[handle] * world)  # ReconfigureTest's gloo shape
+    got = comm.get_rank()
+    assert comm.get_size() == world and 0 <= got < world
+    assert _sum(comm, got + 1) == world * (world + 1) // 2
+    ranks = _exchange(ctx, "arrival", str(got))
+    assert sorted(map(int, ranks)) == list(range(world)), ranks  # a permutation
+    send, recv = torch.full((4,), float(got)), torch.zeros(4)
+    after, before = (got + 1) % world, (got - 1) % world
+    works = [comm.send(send, after, async_op=True), comm.recv(recv, before, async_op=True)]
+    for work in works:
+        work.wait()
+    assert recv.tolist() == [float(before)] * 4
+
+    handles = _exchange(ctx, "positional", comm.get_init_handle())
+    assert handles == [f"gloo:{r}:0:127.0.0.1:{port}" for r in range(world)], handles
+    comm.reconfigure(1, list(reversed(handles)))  # distinct handles: rank = position
+    assert (comm.get_rank(), comm.get_size()) == (world - 1 - me, world)
+    assert _sum(comm, me) == world * (world - 1) // 2
+    comm.reconfigure(2, [comm.get_init_handle()])  # alone
+    assert (comm.get_rank(), comm.get_size(), _sum(comm, 7)) == (0, 1, 7)
+    with pytest.raises(CommValidationError, match="same process more than once"):
+        comm.reconfigure(3, [handles[me], "gloo:0:-1:10.0.0.9:1", handles[me]])
+
+    # One member more than the handles say: exactly one is told so; the rest connect.
+    outcome = "connected"
+    try:
+        comm.reconfigure(4, [comm.get_init_handle()] * (world - 1))
+        assert _sum(comm, 1) == world - 1
+    except CommError as exc:
+        assert "more processes than the" in str(exc), exc
+        outcome = "refused"
+    comm.finalize()
+    return outcome
+
+
+@pytest.mark.parametrize("transport", ("auto", pytest.param("tcp", marks=pytest.mark.slow)))
+def test_reconfigure_on_torchruns_store(transport: str) -> None:
+    from torch.distributed import TCPStore
+
+    agent = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # as the agent's
+    env = {
+        **ENV,
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(agent.port),
+    }
+    outcomes = run_ranks(_launcher_cases, 3, agent.port, transport, timeout=90, env=env)
+    assert sorted(outcomes) == ["connected", "connected", "refused"], outcomes
 
 
 # -- revoke ------------------------------------------------------------------------------------

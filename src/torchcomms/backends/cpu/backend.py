@@ -102,7 +102,7 @@ class TorchCommGloo(CpuDispatch, CommBackend):
         self.transport = ""
         self._window_count = 0
         self._window_net: WindowNet | None = None
-        self._handle_server: reconfigure.HandleServer | None = None  # reconfigure mode
+        self._handle_server: reconfigure.Endpoint | None = None  # reconfigure mode
         self._uuids: list[int] = []  # every uuid a reconfigure of this comm was given
         self._shrinks = 0
 
@@ -300,14 +300,13 @@ class TorchCommGloo(CpuDispatch, CommBackend):
         if not self._options.enable_reconfigure:
             return f"gloo:{self._rank}:-1:"
         uuid = self._uuids[-1] if self._rank >= 0 else -1
-        server = self._server()
-        return str(reconfigure.InitHandle(self._rank, uuid, server.host, server.port))
+        return str(self._server().handle(self._rank, uuid))
 
-    def _server(self) -> reconfigure.HandleServer:
+    def _server(self) -> reconfigure.Endpoint:
         server = self._handle_server
         if server is None:
             where = f"[TorchCommGloo comm={self._name}] get_init_handle: "
-            server = reconfigure.HandleServer(self._options.store, self._hints, where)
+            server = reconfigure.endpoint(self._options.store, self._hints, where)
             self._handle_server = server
         return server
 
@@ -319,7 +318,7 @@ class TorchCommGloo(CpuDispatch, CommBackend):
                 f"{where}reconfigure needs a communicator made with enable_reconfigure=True"
             )
         server = self._server()
-        plan = reconfigure.plan(uuid, init_handles, server.address, self._uuids, where)
+        plan = reconfigure.plan(uuid, init_handles, server, self._name, self._uuids, where)
         options = copy.copy(self._options)
         options.timeout = timeout if timeout is not None else self._timeout
         options.hints = {**self._hints, **(hints or {})}
@@ -328,13 +327,13 @@ class TorchCommGloo(CpuDispatch, CommBackend):
         self._rank = self._size = -1
         self._status.set(CommState.UNINITIALIZED)
         deadline = Deadline(options.timeout)
-        store = reconfigure.meeting_store(server, plan, deadline, where)
+        store, rank = reconfigure.meet(server, plan, deadline, where)
         self._connect(
             self._device or torch.device("cpu"),
             self._name,
             options,
             CommStore(store=store, keep=server),
-            plan.rank,
+            rank,
             plan.size,
         )
         self._status.revive()
