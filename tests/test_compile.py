@@ -202,9 +202,9 @@ def test_a_traced_call_binds_arguments_as_the_eager_method_does() -> None:
 
 # -- autograd -------------------------------------------------------------------------------------
 def autograd_on(comm: Any) -> dict[str, Any]:
-    """A compiled all_reduce has upstream's formula (its backward all_reduces the gradient);
-    eager calls stay outside autograd (the identity); a leaf that requires grad may be written
-    in place, compiled as eagerly (outside autograd)."""
+    """An all_reduce has upstream's formula (its backward all_reduces the gradient), compiled
+    and, as upstream's eager path, eagerly; a broadcast has none (the identity); a leaf that
+    requires grad may be written in place, compiled as eagerly (outside autograd)."""
     rank = comm.get_rank()
     out: dict[str, Any] = {}
     compiled = torch.compile(compile_cases.autograd, fullgraph=True, backend="aot_eager")
@@ -241,10 +241,10 @@ def _check_autograd(reports: list[dict[str, Any]]) -> None:
         assert report["grads_equal"], report
         assert len(set(report["losses"])) == 1, report
         # x_r = arange(4) + r; y = 3 * sum_r x_r = 3 * (2 * arange(4) + 1); z = y * y, broadcast
-        # (no formula: the identity). Eager: dz/dx = 6 * y. Compiled: the all_reduce's backward
-        # sums every rank's 2 * y, so 6 * y * size.
-        eager = [6.0 * 3 * (2 * i + 1) for i in range(4)]
-        assert report["grad"] == [eager, [g * size for g in eager]], (rank, report["grad"])
+        # (no formula: the identity). The all_reduce's backward sums every rank's 2 * y * 3, so
+        # dz/dx = 6 * y * size, eagerly and compiled.
+        want = [6.0 * 3 * (2 * i + 1) * size for i in range(4)]
+        assert report["grad"] == [want, want], (rank, report["grad"])
         eager_leaf, compiled_leaf = report["leaf"]
         assert eager_leaf == compiled_leaf == (True, True, [2.0, 2.0, 2.0], [2.0, 2.0, 2.0])
 
@@ -273,6 +273,10 @@ def grad_cases_on(comm: Any, backend: str) -> dict[str, Any]:
     frames: dict[str, int] = {}
     for case in compile_cases.GRAD_CASES:
         want = case.grad(rank, size).float()
+        x = (torch.arange(case.numel(rank, size)) + rank).float().requires_grad_()
+        case.fn(comm, x).backward()  # eagerly: upstream's eager autograd path
+        if x.grad is None or not torch.equal(x.grad, want):
+            failures.append(f"{case.name} eager: grad {x.grad}, want {want.tolist()}")
         counter = CompileCounterWithBackend(backend)
         compiled = torch.compile(case.fn, fullgraph=True, backend=counter)
         x = (torch.arange(case.numel(rank, size)) + rank).float().requires_grad_()
@@ -286,6 +290,13 @@ def grad_cases_on(comm: Any, backend: str) -> dict[str, Any]:
         if x.grad is None or not torch.equal(x.grad, want):
             failures.append(f"{case.name} call 2: grad {x.grad}, want {want.tolist()}")
         frames[case.name] = counter.frame_count
+    # Upstream's eager form: the call returns its result (all_gather: the list of them).
+    x = torch.arange(float(compile_cases.C)).requires_grad_()
+    result = comm.all_reduce(x * 1.0, ReduceOp.SUM, True)
+    gathered = comm.all_gather([torch.zeros(compile_cases.C) for _ in range(size)], x * 1.0, True)
+    (result.wait().sum() + sum(t.sum() for t in gathered)).backward()
+    if x.grad is None or x.grad.tolist() != [2.0 * size] * compile_cases.C:
+        failures.append(f"eager results: grad {x.grad}, want {2 * size} everywhere")
     targets: list[str] = []
     plain = torch.compile(compile_cases.grad_all_reduce, fullgraph=True, backend=_recording(backend, targets))
     loss = plain(comm, torch.arange(float(compile_cases.C)))

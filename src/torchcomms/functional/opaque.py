@@ -81,18 +81,23 @@ class TraceableBatch(BatchSendRecv):
         return BatchSendRecv.issue(self, async_op, options)
 
 
-def _traceable(spec: table.OpSpec) -> Callable[..., TorchWork]:
-    """The method for one row: its custom op while tracing, else the eager method, untouched."""
+def _traceable(spec: table.OpSpec) -> Callable[..., Any]:
+    """The method for one row: its custom op while tracing; eagerly, with an input that
+    requires grad, upstream's autograd path (``traced.eager_with_grad``); else the eager
+    method, untouched."""
     eager = getattr(TorchComm, spec.method)
     op_name, names, kinds = spec.op, spec.names, spec.kinds
     functional = spec.functional if spec.differentiable else None
 
     @functools.wraps(eager)
-    def method(self: TorchComm, *args: Any, **kwargs: Any) -> TorchWork:
+    def method(self: TorchComm, *args: Any, **kwargs: Any) -> Any:
         if _compiling():
             return traced.call(op_name, names, kinds, self, args, kwargs, functional)
-        work: TorchWork = eager(self, *args, **kwargs)
-        return work
+        if functional is not None and torch.is_grad_enabled():
+            result = traced.eager_with_grad(op_name, names, kinds, self, args, kwargs, functional)
+            if result is not None:
+                return result
+        return eager(self, *args, **kwargs)
 
     return method
 

@@ -108,6 +108,11 @@ class TracedWork(TorchWork):
     def is_completed(self) -> bool:
         return True
 
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        """The tensors the call writes."""
+        return self._tensors
+
 
 def issue_batch(
     comm: Any, queued: Sequence[P2POp], async_op: bool, options: BatchP2POptions | None
@@ -135,6 +140,81 @@ def issue_batch(
 
 
 # -- every communicator op: one row of ``table.OPS`` ------------------------------------------
+def _bind(
+    op_name: str,
+    names: tuple[str, ...],
+    kinds: tuple[str, ...],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> tuple[dict[str, Any], list[Any], list[torch.Tensor], _Tail]:
+    """A call's arguments bound to the row's names, flattened into the op's schema types,
+    the tensors it writes, and the tail (``async_op``, hints, timeout, call id)."""
+    params = (*names, "async_op", "hints", "timeout")
+    if len(args) > len(params):
+        raise TypeError(f"{op_name[:-1]}() takes {len(params)} arguments, got {len(args)}")
+    bound = dict(zip(params, args, strict=False))
+    for key, value in kwargs.items():
+        if key not in params or key in bound:
+            raise TypeError(f"{op_name[:-1]}() got an unexpected or repeated argument {key!r}")
+        bound[key] = value
+    for name in (*names, "async_op"):
+        if name not in bound:
+            raise TypeError(f"{op_name[:-1]}() missing argument {name!r}")
+    tail = _tail(bound["async_op"], bound.get("hints"), bound.get("timeout"))
+    flat: list[Any] = []
+    outputs: list[torch.Tensor] = []
+    for name, kind in zip(names, kinds, strict=False):  # equal lengths: the table
+        value = bound[name]
+        if kind == table.RED:
+            flat.extend(_red(value))
+        elif kind == table.INTS:
+            flat.append(list(value))
+        else:
+            flat.append(value)
+        if kind == table.OUT:
+            outputs.append(value)
+        elif kind == table.OUTS:
+            outputs.extend(value)
+    return bound, flat, outputs, tail
+
+
+def _requires_grad(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.requires_grad
+    if isinstance(value, (list, tuple)):
+        return any(isinstance(t, torch.Tensor) and t.requires_grad for t in value)
+    return False
+
+
+def eager_with_grad(
+    op_name: str,
+    names: tuple[str, ...],
+    kinds: tuple[str, ...],
+    comm: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    functional: str,
+) -> Any:
+    """Upstream's eager autograd path, for a call outside a compiled region: ``None`` unless
+    the call goes through autograd (``_wants_grad``); else it runs the functional op (the
+    formula records the backward collective) and returns what upstream returns, the result
+    instead of a work: the output tensor (``all_gather``: the list of them), each wrapped
+    in a ``TorchCommsAsyncTensor`` that is already complete, so ``.wait()`` still works."""
+    from torchcomms.functional.async_tensor import TorchCommsAsyncTensor
+
+    if not any(_requires_grad(v) for v in (*args, *kwargs.values())):
+        return None  # the common case, decided without binding
+    try:
+        bound, flat, outputs, tail = _bind(op_name, names, kinds, args, kwargs)
+    except (TypeError, AttributeError, ValueError):
+        return None  # bad arguments: the eager method raises its own error
+    if not _wants_grad(names, kinds, bound, outputs):
+        return None
+    done = _differentiable(functional, names, kinds, bound, comm, flat, tail)
+    results = [TorchCommsAsyncTensor(t, None) for t in done.tensors]
+    return results if table.OUTS in kinds else results[0]
+
+
 def call(
     op_name: str,
     names: tuple[str, ...],
@@ -151,33 +231,8 @@ def call(
     ``wait()`` emits ``torchcomm_wait_`` on the tensors the op writes.  ``functional`` names
     the row's differentiable functional op, if it has one: a call whose input requires grad
     emits it instead (``_differentiable``)."""
-    params = (*names, "async_op", "hints", "timeout")
-    if len(args) > len(params):
-        raise TypeError(f"{op_name[:-1]}() takes {len(params)} arguments, got {len(args)}")
-    bound = dict(zip(params, args, strict=False))
-    for key, value in kwargs.items():
-        if key not in params or key in bound:
-            raise TypeError(f"{op_name[:-1]}() got an unexpected or repeated argument {key!r}")
-        bound[key] = value
-    for name in (*names, "async_op"):
-        if name not in bound:
-            raise TypeError(f"{op_name[:-1]}() missing argument {name!r}")
+    bound, flat, outputs, tail = _bind(op_name, names, kinds, args, kwargs)
     async_op = bound["async_op"]
-    tail = _tail(async_op, bound.get("hints"), bound.get("timeout"))
-    flat: list[Any] = []
-    outputs: list[torch.Tensor] = []
-    for name, kind in zip(names, kinds, strict=False):  # equal lengths: the table
-        value = bound[name]
-        if kind == table.RED:
-            flat.extend(_red(value))
-        elif kind == table.INTS:
-            flat.append(list(value))
-        else:
-            flat.append(value)
-        if kind == table.OUT:
-            outputs.append(value)
-        elif kind == table.OUTS:
-            outputs.extend(value)
     if functional is not None and _wants_grad(names, kinds, bound, outputs):
         return _differentiable(functional, names, kinds, bound, comm, flat, tail)
     with torch.no_grad():
@@ -230,7 +285,9 @@ def _differentiable(
     synchronously)."""
     async_op, keys, values, seconds, call_id = tail
     hints = _hints_text(tuple(keys), tuple(values))
-    result = getattr(_ops(), functional)(comm, ORDER_TOKEN, *flat, async_op, hints, seconds, call_id)
+    result = getattr(_ops(), functional)(
+        comm, ORDER_TOKEN, *flat, async_op, hints, seconds, call_id
+    )
     with torch.no_grad():
         ORDER_TOKEN.copy_(result[0])
     at = 1
