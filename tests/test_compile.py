@@ -297,6 +297,15 @@ def grad_cases_on(comm: Any, backend: str) -> dict[str, Any]:
     (result.wait().sum() + sum(t.sum() for t in gathered)).backward()
     if x.grad is None or x.grad.tolist() != [2.0 * size] * compile_cases.C:
         failures.append(f"eager results: grad {x.grad}, want {2 * size} everywhere")
+    # Through the torch.distributed bridge an op stays c10d's: a work, no autograd node.
+    from torchcomms._backend_wrapper import _BackendWrapper
+
+    b = x * 1.0
+    work = _BackendWrapper(comm).allreduce([b])
+    work.wait()
+    summed = [float(size * i) for i in range(compile_cases.C)]  # x = arange(C) on every rank
+    if type(b.grad_fn).__name__ != "MulBackward0" or b.tolist() != summed:
+        failures.append(f"bridge allreduce: {b}, grad_fn {b.grad_fn}")
     targets: list[str] = []
     plain = torch.compile(compile_cases.grad_all_reduce, fullgraph=True, backend=_recording(backend, targets))
     loss = plain(comm, torch.arange(float(compile_cases.C)))

@@ -25,10 +25,11 @@ without anyone calling ``wait()``.  Coalescing state (``_start_coalescing`` ..
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 from torch._C import _distributed_c10d as c10d
@@ -52,6 +53,23 @@ logger = logging.getLogger("torchcomms.backend_wrapper")
 
 BACKEND_NAME = "torchcomms"
 _MB_TAG_SIZE = 1
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _outside_autograd(method: _F) -> _F:
+    """c10d's collectives never record autograd; with ``TORCHCOMMS_PATCH_FOR_COMPILE=1`` a
+    communicator call whose input requires grad would (upstream's eager path), so the ops that
+    have a formula run with grad mode off here and return their works as c10d expects.
+    (``torch.no_grad`` is looked up per call: torch may still be importing this module.)"""
+
+    @functools.wraps(method)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with torch.no_grad():
+            return method(*args, **kwargs)
+
+    return cast(_F, run)
 
 
 class _BackendWrapperOptions(c10d.Backend.Options):
@@ -239,6 +257,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         work = self._comm.broadcast(t, opts.rootRank, self._async(opts), timeout=timeout)
         return self._wrap([work], [t], timeout)
 
+    @_outside_autograd
     def allreduce(
         self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None
     ) -> _WorkWrapper:
@@ -252,6 +271,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         )
         return self._wrap([work], [t], timeout)
 
+    @_outside_autograd
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> _WorkWrapper:
         opts = opts if opts is not None else c10d.AllreduceCoalescedOptions()
         timeout = self._timeout(opts)
@@ -277,6 +297,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         )
         return self._wrap([work], [t], timeout)
 
+    @_outside_autograd
     def allgather(
         self, output_lists: Any, inputs: Any, opts: Any = None, timeout: Any = None
     ) -> _WorkWrapper:
@@ -301,6 +322,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         work = self._comm.all_gather(outputs, t, self._async(opts), timeout=timeout)
         return self._wrap([work], outputs, timeout)
 
+    @_outside_autograd
     def allgather_coalesced(
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
     ) -> _WorkWrapper:
@@ -316,6 +338,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         ]
         return self._wrap(works, [o for outs in output_lists for o in outs], timeout)
 
+    @_outside_autograd
     def _allgather_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> _WorkWrapper:
@@ -329,6 +352,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         work = self._comm.all_gather_single(output, input, self._async(opts), timeout=timeout)
         return self._wrap([work], [output], timeout)
 
+    @_outside_autograd
     def allgather_into_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> _WorkWrapper:
@@ -372,6 +396,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         work = self._comm.scatter(t, inputs, root, self._async(opts), timeout=timeout)
         return self._wrap([work], [t], timeout)
 
+    @_outside_autograd
     def reduce_scatter(
         self, outputs: Any, input_lists: Any, opts: Any = None, op: Any = None, timeout: Any = None
     ) -> _WorkWrapper:
@@ -388,11 +413,13 @@ class _BackendWrapper(c10d.ProcessGroup):
         )
         return self._wrap([work], [t], timeout)
 
+    @_outside_autograd
     def _reduce_scatter_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> _WorkWrapper:
         return self.reduce_scatter_single(output, input, opts)
 
+    @_outside_autograd
     def reduce_scatter_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> _WorkWrapper:
@@ -403,6 +430,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         )
         return self._wrap([work], [output], timeout)
 
+    @_outside_autograd
     def reduce_scatter_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> _WorkWrapper:
@@ -417,6 +445,7 @@ class _BackendWrapper(c10d.ProcessGroup):
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
+    @_outside_autograd
     def alltoall_base(
         self,
         output: torch.Tensor,
@@ -440,6 +469,7 @@ class _BackendWrapper(c10d.ProcessGroup):
 
     all_to_all_single = alltoall_base
 
+    @_outside_autograd
     def alltoall(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> _WorkWrapper:
