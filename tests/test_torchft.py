@@ -1,12 +1,17 @@
 """A real torchft job on our gloo backend: a replica is killed, the others go on, it rejoins.
 
-Three replica processes (``tests/torchft_replica.py``), each a torchft ``Manager`` over
-``ProcessGroupTorchComms`` wrapping a reconfigurable ``new_comm("gloo", ...)``, and
-torchft's own lighthouse (``torchft_lighthouse``).  The replicas average a gradient every
+Three replicas (``tests/torchft_replica.py``), each a torchft ``Manager`` over
+``ProcessGroupTorchComms`` wrapping a reconfigurable ``new_comm("gloo", ...)`` of its own,
+and torchft's own lighthouse (``torchft_lighthouse``).  The replicas average a gradient every
 step.  r2 is SIGKILLed mid-run: r0 and r1 must go on committing with a quorum of two;
 r2 is then restarted: it must rejoin (the quorum grows back to three) and heal (take the
 survivors' step and weights).  Every committed step's average is checked against the
 participants' values, and the weights of every step against the other replicas'.
+
+Two placements: ``processes`` (one process per replica, as a user runs them) and ``mixed``
+(r0 and r1 as threads of one process, torchft's test pattern, and r2 a process of its own):
+there the two communicators in one process reconfigure into one group with each other and
+with the one in the other process, and after r2's kill into a group of the two threads.
 
 Needs torchft (``pip install --no-deps torchft-nightly`` and opentelemetry; see the
 README); skipped where it cannot be imported.
@@ -17,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 import pytest
 from torch.distributed import TCPStore
@@ -32,7 +38,22 @@ pytest.importorskip(
 VALUE = {"r0": 1.0, "r1": 2.0, "r2": 3.0}
 
 
-def test_torchft_replica_killed_and_rejoined() -> None:
+class _Replica:
+    """One replica's view of the process it runs in (several may share one)."""
+
+    def __init__(self, rid: str, proc: Proc) -> None:
+        self.name, self.proc = rid, proc
+
+    @property
+    def lines(self) -> list[str]:
+        return self.proc.lines
+
+    def steps(self) -> list[dict[str, Any]]:
+        return [s for s in self.proc.steps() if s["rid"] == self.name]
+
+
+@pytest.mark.parametrize("placement", ["processes", "mixed"])
+def test_torchft_replica_killed_and_rejoined(placement: str) -> None:
     ctrl = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     lighthouse, address = start_lighthouse(min_replicas=2, join_timeout_ms=1000)
     procs = [lighthouse]
@@ -46,12 +67,18 @@ def test_torchft_replica_killed_and_rejoined() -> None:
             OMP_NUM_THREADS="1",
         )
 
-        def start(rid: str) -> Proc:
-            argv = [sys.executable, "-m", "tests.torchft_replica", rid, str(ctrl.port)]
-            return Proc(rid, argv, env)
+        def start(*rids: str) -> list[_Replica]:
+            ids = ",".join(rids)
+            argv = [sys.executable, "-m", "tests.torchft_replica", ids, str(ctrl.port)]
+            proc = Proc(ids, argv, env)
+            procs.append(proc)
+            return [_Replica(rid, proc) for rid in rids]
 
-        r0, r1, r2 = (start(rid) for rid in ("r0", "r1", "r2"))
-        procs += [r0, r1, r2]
+        if placement == "processes":
+            (r0,), (r1,) = start("r0"), start("r1")
+        else:
+            r0, r1 = start("r0", "r1")
+        (r2,) = start("r2")
         three = [r0, r1, r2]
         until(
             "3 commits of 3 replicas",
@@ -59,10 +86,13 @@ def test_torchft_replica_killed_and_rejoined() -> None:
             90,
             procs,
         )
+        if placement == "mixed":  # r0 and r1 really share a process, r2 is another one
+            assert r0.proc is r1.proc and r2.proc is not r0.proc
+            assert r0.proc.proc.pid != r2.proc.proc.pid
 
         # Kill r2: r0 and r1 go on with a quorum of two.
         quorum_before = max(s["quorum"] for s in r0.steps())
-        r2.kill()
+        r2.proc.kill()
         killed_at = max(s["step"] for p in (r0, r1) for s in p.steps())
         survivors = [r0, r1]
         until(
@@ -74,8 +104,7 @@ def test_torchft_replica_killed_and_rejoined() -> None:
 
         # Restart r2: it rejoins (a quorum of three again) and heals to the survivors' step.
         back = max(s["step"] for p in survivors for s in p.steps())
-        r2b = start("r2")
-        procs.append(r2b)
+        (r2b,) = start("r2")
         until(
             "r2 rejoined and 2 commits of 3",
             lambda: all(len(commits(p, 3, back)) >= 2 for p in (r0, r1, r2b)),
@@ -83,7 +112,7 @@ def test_torchft_replica_killed_and_rejoined() -> None:
             procs,
         )
         ctrl.set("stop", str(max(s["step"] for s in r0.steps()) + 2))
-        for p in (r0, r1, r2b):
+        for p in {r.proc for r in (r0, r1, r2b)}:
             p.proc.wait(30)
             assert p.proc.returncode == 0, (p.name, p.lines[-30:])
     finally:
