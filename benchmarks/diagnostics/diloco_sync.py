@@ -1,113 +1,391 @@
 """What DiLoCo's synchronisation costs per outer step: torchcomms against torchft's gloo.
 
-    python benchmarks/diagnostics/diloco_sync.py [--rounds 3] [--steps 16] [--hidden 1024] \
-        [--fragments 4] [--sync-every 8] [--json out.json]
+    python benchmarks/diagnostics/diloco_sync.py [--rounds 4] [--steps 40] [--hidden 512] \
+        [--fragments 4] [--sync-every 8] [--delays 0,1] [--transport auto] [--json out.json]
 
-Runs ``examples/ft_diloco.py`` without a kill (two replica processes and torchft's
-lighthouse; Streaming DiLoCo, ``fragment_sync_delay=1``, ``alpha=0.5``), alternating the
-replicas' process group between ``ProcessGroupTorchComms(new_comm("gloo", ...))`` and
-torchft's own ``ProcessGroupGloo``, ``--rounds`` times each, in one sitting.  Per outer step
-each replica records what the synchronisation added to that outer step's optimizer steps
-(their total minus as many times the fastest one: the quorum, the all_reduce of a
-fragment's pseudo-gradients, the commit and the outer optimizer step); the first outer step
-(connection set-up) is left out.  Prints the median and quartiles per process group and the
-ratio gloo / torchcomms of the medians (above 1: ours is faster).
+Per job: torchft's lighthouse and two replica processes (one rank each, as ``torchrun``
+starts a group of one), each training the same model (``--fragments`` equal fragments,
+``Linear(h, h)`` + ``Tanh`` each) with torchft's ``DiLoCo`` (``sync_every``: the fragments
+are synchronised in turn, one every ``sync_every / fragments`` inner steps, each such sync
+an outer step of torchft's Manager; the given ``fragment_sync_delay``, 1 is Streaming
+DiLoCo) through a ``Manager`` of ``min_replica_size=2`` whose process group is either
+``ProcessGroupTorchComms(new_comm("gloo", cpu, enable_reconfigure=True))`` or torchft's own
+``ProcessGroupGloo``.  Jobs alternate between the two groups (ABAB, then BABA, ...), per delay,
+``--rounds`` times each, in one sitting.
+
+The synchronisation is timed where it happens, inside each replica: DiLoCo's optimizer hook
+calls ``Manager.start_quorum``, the fragment's ``prepare_sync`` (pseudo-gradients, the
+all_reduces issued) and ``perform_sync`` (waits for them, ``Manager.should_commit``, the
+outer optimizer step and the merge); each is wrapped with a clock.  Per outer step a record
+holds those parts: ``quorum``, ``issue`` (prepare_sync), ``wait`` (perform_sync up to
+should_commit: the all_reduces' completion), ``commit`` (should_commit), ``outer`` (the
+rest), and ``sync`` = their sum, the time the training loop stood still for the
+synchronisation.  The first two outer steps (connections, the first quorum's reconfigure)
+are left out.  Two more columns say whether the synchronisation slowed the rest: ``wall``
+(one commit to the next) and ``compute`` (``wall`` less ``sync`` and the ``--pause`` sleeps:
+forward, backward and the inner optimizer, which run beside a Streaming DiLoCo all_reduce).
+Every fragment is the same size, so every outer step moves the same bytes.
+
+Prints median and quartiles per group and part, the ratio gloo / torchcomms of the medians
+(above 1: ours is faster) and, per round, the ratio of the two back-to-back jobs' medians;
+the load average before each job and the transport our communicators ran on (``ShmOps``
+between processes of one host unless ``--transport tcp``; torchft's gloo is TCP) go into
+the JSON.  ``--profile DIR`` writes each replica's cProfile (its main thread) to DIR.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import os
+import re
+import signal
 import statistics
 import subprocess
 import sys
-import tempfile
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from torchcomms.bench.env import capture
-
-REPO = Path(__file__).resolve().parents[2]
 KINDS = ("torchcomms", "gloo")
+PARTS = ("sync", "quorum", "issue", "wait", "commit", "outer", "compute", "wall")
+SKIP = 2  # outer steps left out at the start of each job
 
 
-def one_job(pg: str, args: argparse.Namespace) -> list[float]:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp, "records.json")
-        cmd = [
-            sys.executable,
-            str(REPO / "examples" / "ft_diloco.py"),
-            "--kill-step",
-            "0",
-            "--pause",
-            "0",
-            "--pg",
-            pg,
-            "--json",
-            str(out),
-            "--steps",
-            str(args.steps),
-            "--hidden",
-            str(args.hidden),
-            "--fragments",
-            str(args.fragments),
-            "--sync-every",
-            str(args.sync_every),
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        if proc.returncode != 0:
-            raise SystemExit(f"{pg} job failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-        records = json.loads(out.read_text())["records"]
-    return [r["sync_s"] for life in records.values() for r in life if r["step"] > 1]
+# -- one replica ----------------------------------------------------------------------------------
+def _timed(fn: Callable[..., Any], part: str, acc: dict[str, float]) -> Callable[..., Any]:
+    def wrapper(*a: Any, **k: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            acc[part] += time.perf_counter() - start
+
+    return wrapper
 
 
-def quartiles(values: list[float]) -> dict[str, float]:
+def replica(args: argparse.Namespace) -> None:
+    import torch
+    from torch import nn
+    from torchft.local_sgd import DiLoCo
+    from torchft.manager import Manager
+    from torchft.process_group import ProcessGroupGloo
+
+    import torchcomms
+
+    torch.set_num_threads(1)
+    os.environ.update(TORCHCOMM_RANK="0", TORCHCOMM_SIZE="1", TORCHCOMM_ABORT_ON_ERROR="0")
+    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    pg: Any
+    if args.pg == "torchcomms":
+        from torchft.torchcomms import ProcessGroupTorchComms
+
+        comm = torchcomms.new_comm(
+            "gloo",
+            torch.device("cpu"),
+            name=f"diloco_{args.replica}",
+            store=store,
+            enable_reconfigure=True,
+            abort_process_on_timeout_or_error=False,
+            timeout=timedelta(seconds=20),
+        )
+        pg = ProcessGroupTorchComms(comm, timeout=timedelta(seconds=20))
+    else:
+        pg = ProcessGroupGloo(timeout=timedelta(seconds=20))
+    h = args.hidden
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        *[nn.Sequential(nn.Linear(h, h), nn.Tanh()) for _ in range(args.fragments)]
+    )
+    inner = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    outer = [torch.optim.SGD(f.parameters(), lr=0.7, momentum=0.9, nesterov=True) for f in model]
+    manager = Manager(
+        pg=pg,
+        min_replica_size=2,
+        use_async_quorum=False,
+        load_state_dict=lambda sd: (
+            model.load_state_dict(sd["model"]),
+            inner.load_state_dict(sd["inner"]),
+        ),
+        state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict()},
+        replica_id=f"replica_{args.replica}",
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        rank=0,
+        world_size=1,
+        timeout=timedelta(seconds=20),
+        quorum_timeout=timedelta(seconds=30),
+        connect_timeout=timedelta(seconds=20),
+    )
+    acc = dict.fromkeys(PARTS[1:6], 0.0)
+    perform_started = [0.0]
+    manager.start_quorum = _timed(manager.start_quorum, "quorum", acc)  # type: ignore[method-assign]
+    should_commit = _timed(manager.should_commit, "commit", acc)
+
+    def commit(*a: Any, **k: Any) -> bool:
+        acc["wait"] += time.perf_counter() - perform_started[0]
+        return bool(should_commit(*a, **k))
+
+    manager.should_commit = commit  # type: ignore[method-assign]
+    data = torch.Generator().manual_seed(100 + args.replica)
+    with DiLoCo(
+        manager,
+        list(model),
+        inner,
+        outer,
+        sync_every=args.sync_every,
+        backup_device=torch.device("cpu"),
+        pin_memory=False,
+        fragment_sync_delay=args.delay,
+        fragment_update_alpha=0.5,
+    ) as diloco:
+        for fragment in diloco._fragments:
+            fragment.prepare_sync = _timed(fragment.prepare_sync, "issue", acc)  # type: ignore[method-assign]
+            perform = fragment.perform_sync
+
+            def perform_sync(perform: Callable[[], bool] = perform) -> bool:
+                start = perform_started[0] = time.perf_counter()
+                before = acc["wait"] + acc["commit"]
+                try:
+                    return perform()
+                finally:
+                    spent = time.perf_counter() - start
+                    acc["outer"] += spent - (acc["wait"] + acc["commit"] - before)
+
+            fragment.perform_sync = perform_sync  # type: ignore[method-assign]
+        profile = cProfile.Profile() if args.profile else None
+        if profile is not None:
+            profile.enable()
+        last, paused = time.perf_counter(), 0.0
+        while manager.current_step() < args.steps:
+            step = manager.current_step()
+            x = torch.randn(16, h, generator=data)
+            loss = (model(x) - x.tanh()).pow(2).mean()
+            inner.zero_grad()
+            loss.backward()
+            inner.step()  # DiLoCo's hook synchronises a fragment every sync_every steps
+            if manager.current_step() != step:
+                now = time.perf_counter()
+                record = {"step": manager.current_step(), "n": manager.num_participants()}
+                record.update(acc)
+                record["sync"] = sum(acc.values())
+                # the whole outer step, and what it spent outside the sync and the pauses
+                record["wall"] = now - last
+                record["compute"] = now - last - record["sync"] - paused
+                print("REC " + json.dumps(record), flush=True)
+                if args.pg == "torchcomms" and record["step"] == 1:
+                    ops = type(comm.get_backend_impl()._ops).__name__  # type: ignore[attr-defined]
+                    print(f"TRANSPORT {ops}", flush=True)
+                acc.update(dict.fromkeys(acc, 0.0))
+                last, paused = now, 0.0
+            start = time.perf_counter()
+            time.sleep(args.pause)
+            paused += time.perf_counter() - start
+        if profile is not None:
+            profile.disable()
+            profile.dump_stats(f"{args.profile}/{args.pg}_delay{args.delay}_r{args.replica}.prof")
+    manager.shutdown(wait=False)
+    pg.shutdown()
+
+
+# -- one job --------------------------------------------------------------------------------------
+class _Proc:
+    """A child process (its own session) whose output lines a reader thread collects."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+def one_job(pg: str, delay: int, args: argparse.Namespace) -> tuple[list[dict[str, float]], str]:
+    """Both replicas' records of one job (the first ``SKIP`` outer steps left out), and the
+    transport our communicators ran on after the quorum's reconfigure (``-`` for gloo)."""
+    binary = Path(sys.executable).with_name("torchft_lighthouse")
+    if not binary.exists():
+        raise SystemExit("torchft_lighthouse not found beside python: pip install torchft-nightly")
+    argv = [str(binary), "--bind", "[::]:0", "--min_replicas", "2", "--join_timeout_ms", "3000"]
+    lighthouse = _Proc([*argv, "--quorum_tick_ms", "50"], dict(os.environ))
+    procs = [lighthouse]
+    try:
+        deadline = time.monotonic() + 30
+        while not any("listening on" in x for x in lighthouse.lines):
+            if time.monotonic() > deadline:
+                raise SystemExit("the lighthouse did not start:\n" + "\n".join(lighthouse.lines))
+            time.sleep(0.05)
+        found = re.search(r"listening on: (http://\S+)", "\n".join(lighthouse.lines))
+        assert found is not None
+        env = dict(
+            os.environ, TORCHFT_LIGHTHOUSE=found.group(1), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"
+        )
+        env["TORCHCOMM_TRANSPORT"] = args.transport
+        for i in range(2):
+            child = [
+                sys.executable,
+                __file__,
+                "--replica",
+                str(i),
+                "--pg",
+                pg,
+                "--delay",
+                str(delay),
+            ]
+            for flag in ("steps", "hidden", "fragments", "sync_every", "pause", "profile"):
+                if getattr(args, flag) is not None:
+                    child += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+            procs.append(_Proc(child, env))
+        for p in procs[1:]:
+            try:
+                code = p.proc.wait(240)
+            except subprocess.TimeoutExpired:
+                code = None
+            if code != 0:
+                tail = "\n".join(p.lines[-30:])
+                raise SystemExit(f"{pg} job: a replica exited with {code} (None: 240 s):\n{tail}")
+    finally:
+        for p in procs:
+            p.kill()
+    records = []
+    for p in procs[1:]:
+        for line in p.lines:
+            if line.startswith("REC "):
+                r = json.loads(line[4:])
+                if r["n"] != 2:
+                    raise SystemExit(f"an outer step committed without both replicas: {r}")
+                if r["step"] > SKIP:
+                    records.append(r)
+    used = {x.split()[1] for p in procs[1:] for x in p.lines if x.startswith("TRANSPORT ")}
+    return records, ",".join(sorted(used)) or "-"
+
+
+def _quartiles(values: list[float]) -> dict[str, float]:
     q1, q2, q3 = statistics.quantiles(values, n=4)
-    return {"p25_ms": q1 * 1e3, "p50_ms": q2 * 1e3, "p75_ms": q3 * 1e3, "n": len(values)}
+    return {"p25_ms": q1 * 1e3, "p50_ms": q2 * 1e3, "p75_ms": q3 * 1e3}
+
+
+def _load() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=16)
-    parser.add_argument("--hidden", type=int, default=1024)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=4, help="jobs per process group and delay")
+    parser.add_argument("--steps", type=int, default=40, help="outer steps per job")
+    parser.add_argument("--hidden", type=int, default=512, help="width of each fragment's layer")
     parser.add_argument("--fragments", type=int, default=4)
-    parser.add_argument("--sync-every", type=int, default=8)
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
-    env = capture(" ".join(["python", *sys.argv]), 2, "ProcessGroupTorchComms", "gloo")
-    samples: dict[str, list[float]] = {k: [] for k in KINDS}
-    for r in range(args.rounds):
-        for pg in KINDS if r % 2 == 0 else reversed(KINDS):
-            samples[pg] += one_job(pg, args)
-    h = args.hidden
-    params = 9 * h + (args.fragments - 2) * (h * h + h) + h + 1  # the example's model
-    summary: dict[str, Any] = {k: quartiles(v) for k, v in samples.items()}
-    ratio = summary["gloo"]["p50_ms"] / summary["torchcomms"]["p50_ms"]
-    print(
-        f"DiLoCo sync per outer step, {params} parameters in {args.fragments} fragments, "
-        f"{args.rounds} rounds per process group"
+    parser.add_argument(
+        "--sync-every",
+        type=int,
+        default=8,
+        help="DiLoCo's: a fragment every SYNC_EVERY / FRAGMENTS",
     )
-    for k in KINDS:
-        s = summary[k]
+    parser.add_argument("--delays", default="0,1", help="fragment_sync_delay values to run")
+    parser.add_argument("--pause", type=float, default=0.005, help="seconds after each inner step")
+    parser.add_argument(
+        "--transport",
+        choices=("auto", "shm", "tcp"),
+        default="auto",
+        help="our communicators' TORCHCOMM_TRANSPORT (auto: shm between processes of one host)",
+    )
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--profile", default=None, help="write each replica's cProfile to DIR")
+    parser.add_argument("--replica", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--pg", choices=KINDS, default="torchcomms", help=argparse.SUPPRESS)
+    parser.add_argument("--delay", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.replica is not None:
+        replica(args)
+        return
+
+    from torchcomms.bench.env import capture
+
+    command = " ".join(["python", *sys.argv])
+    env = capture(command, 2, "ProcessGroupTorchComms", "gloo")
+    delays = [int(d) for d in args.delays.split(",")]
+    h, f = args.hidden, args.fragments
+    print(
+        f"DiLoCo sync per outer step: 2 replica processes, {f} fragments of {h * h + h} "
+        f"parameters ({(h * h + h) * 4 / 2**20:.2f} MiB), sync_every={args.sync_every}, "
+        f"{args.steps} outer steps per job (first {SKIP} left out), {args.rounds} jobs per group"
+        f" and delay; load {_load()}"
+    )
+    results: dict[str, Any] = {}
+    jobs = []
+    for delay in delays:
+        samples: dict[str, list[dict[str, float]]] = {k: [] for k in KINDS}
+        paired = []  # per round: gloo's job p50 / ours (the two jobs ran back to back)
+        for r in range(args.rounds):
+            p50 = {}
+            for pg in KINDS if r % 2 == 0 else tuple(reversed(KINDS)):
+                began, load = time.monotonic(), _load()
+                records, transport = one_job(pg, delay, args)
+                samples[pg] += records
+                p50[pg] = statistics.median(x["sync"] for x in records) * 1e3
+                seconds = round(time.monotonic() - began, 1)
+                jobs.append(
+                    {"delay": delay, "round": r, "pg": pg, "load_before": load}
+                    | {"seconds": seconds, "sync_p50_ms": p50[pg], "transport": transport}
+                )
+                print(
+                    f"  delay {delay} round {r} {pg:10s} sync p50 {p50[pg]:6.2f} ms  "
+                    f"transport {transport}  load {load}"
+                )
+            paired.append(p50["gloo"] / p50["torchcomms"])
+        summary: dict[str, Any] = {
+            pg: {part: _quartiles([x[part] for x in samples[pg]]) for part in PARTS}
+            | {"n": len(samples[pg])}
+            for pg in KINDS
+        }
+        ratios = {
+            part: summary["gloo"][part]["p50_ms"] / summary["torchcomms"][part]["p50_ms"]
+            for part in PARTS
+        }
+        results[f"delay{delay}"] = {
+            "summary": summary,
+            "ratio_p50": ratios,
+            "ratio_per_round": paired,
+            "samples_ms": {
+                pg: {part: [round(x[part] * 1e3, 3) for x in samples[pg]] for part in PARTS}
+                for pg in KINDS
+            },
+        }
+        print(f"fragment_sync_delay={delay}: p50 ms (p25-p75), n={summary['gloo']['n']} per group")
+        print(f"  {'part':7s} {'torchcomms':>22s} {'gloo':>22s}  gloo/torchcomms")
+        for part in PARTS:
+            cells = [
+                f"{s['p50_ms']:7.2f} ({s['p25_ms']:6.2f}-{s['p75_ms']:6.2f})"
+                for s in (summary["torchcomms"][part], summary["gloo"][part])
+            ]
+            print(f"  {part:7s} {cells[0]:>22s} {cells[1]:>22s}  {ratios[part]:6.2f}")
         print(
-            f"  {k:10s} p50 {s['p50_ms']:7.2f} ms  (p25 {s['p25_ms']:.2f}, p75 {s['p75_ms']:.2f},"
-            f" n={s['n']})"
+            f"  sync, gloo/torchcomms per round: {' '.join(f'{x:.2f}' for x in paired)} "
+            f"(median {statistics.median(paired):.2f})"
         )
-    print(f"  ratio gloo / torchcomms (p50): {ratio:.2f}")
+    print(f"load at the end {_load()}")
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "env": env,
-                    "args": vars(args),
-                    "summary": summary,
-                    "ratio_p50": ratio,
-                    "samples_s": samples,
-                },
-                indent=1,
-            )
-        )
+        doc = {"env": env, "args": vars(args), "load_average_end": _load(), "jobs": jobs}
+        Path(args.json).write_text(json.dumps(doc | {"results": results}, indent=1))
 
 
 if __name__ == "__main__":
