@@ -327,7 +327,8 @@ def test_shrink_after_kill(placement: str, second: bool, tmp_path: Path) -> None
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert seen["first"]["type"] == PeerFailureError.__name__, (rank, seen)
         # Rank 3 may already be gone when this rank learns of rank 1: then both are named.
-        named = re.search(r"peer ranks? ([\d, ]+) died", seen["first"]["text"])
+        # A rank that learns it from another ("peer rank 0 reports them dead") says "failed".
+        named = re.search(r"peer ranks? ([\d, ]+) (?:died|failed)", seen["first"]["text"])
         assert named is not None, (rank, seen)
         named_ranks = {int(r) for r in named.group(1).split(", ")}
         assert 1 in named_ranks and named_ranks <= dead, (rank, seen)
