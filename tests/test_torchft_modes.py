@@ -156,7 +156,7 @@ def test_every_torchft_scenario(ours: _Ours, module: str, name: str) -> None:
 
 @pytest.mark.slow
 def test_ft_diloco_example() -> None:
-    """``examples/ft_diloco.py``: Streaming DiLoCo, replica 1 SIGKILLed at step 3-4, healed."""
+    """``examples/ft_diloco.py``: Streaming DiLoCo, replica 1 SIGKILLed at step 3 or soon after, healed."""
     import re
     import subprocess
     import sys
@@ -172,10 +172,14 @@ def test_ft_diloco_example() -> None:
         timeout=240,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    # killed once its step reached 3 (it may commit one more before the signal lands)
-    assert re.search(
-        r"ok: replica 1 was killed at step [34], rejoined at step \d+ \(healed", proc.stdout
-    ), proc.stdout
+    # killed once its step reached 3 (on a loaded machine it may commit a step or two more
+    # before the signal lands), before the end, so the restart had steps left to heal into
+    found = re.search(
+        r"ok: replica 1 was killed at step (\d+), rejoined at step (\d+) \(healed", proc.stdout
+    )
+    assert found is not None, proc.stdout
+    killed, rejoined = int(found.group(1)), int(found.group(2))
+    assert 3 <= killed <= rejoined < 8, proc.stdout
     table = [line.split() for line in proc.stdout.splitlines() if line[:4].strip().isdigit()]
     assert [int(row[0]) for row in table] == list(range(1, 9)), proc.stdout
     assert all(row[-1] == "2" for row in table), proc.stdout  # every outer step had both
