@@ -92,8 +92,14 @@ def _global_digest(diloco: Any) -> str:
     return h.hexdigest()[:12]
 
 
-def replica(args: argparse.Namespace) -> None:
-    from torchft.local_sgd import DiLoCo
+def replica_manager(
+    pg_kind: str, replica: int, model: nn.Module, inner: torch.optim.Optimizer, timeout_s: float
+) -> tuple[Any, Any, Any]:
+    """One replica group of one process: its process group (``torchcomms``:
+    ``ProcessGroupTorchComms`` over a reconfigurable ``new_comm("gloo", ...)``; ``gloo``:
+    torchft's ``ProcessGroupGloo``) and its torchft ``Manager``, which heals ``model`` and
+    ``inner`` (the inner optimizer) from a peer.  Returns (comm or None, pg, manager).
+    ``benchmarks/diagnostics/diloco_sync.py`` builds its replicas with it too."""
     from torchft.manager import Manager
     from torchft.process_group import ProcessGroupGloo
 
@@ -102,24 +108,23 @@ def replica(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     os.environ.update(TORCHCOMM_RANK="0", TORCHCOMM_SIZE="1", TORCHCOMM_ABORT_ON_ERROR="0")
     store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    if args.pg == "torchcomms":
+    timeout = timedelta(seconds=timeout_s)
+    comm = None
+    if pg_kind == "torchcomms":
         from torchft.torchcomms import ProcessGroupTorchComms
 
         comm = torchcomms.new_comm(
             "gloo",
             torch.device("cpu"),
-            name=f"diloco_{args.replica}",
+            name=f"diloco_{replica}",
             store=store,
             enable_reconfigure=True,
             abort_process_on_timeout_or_error=False,
-            timeout=timedelta(seconds=10),
+            timeout=timeout,
         )
-        pg: Any = ProcessGroupTorchComms(comm, timeout=timedelta(seconds=10))
+        pg: Any = ProcessGroupTorchComms(comm, timeout=timeout)
     else:
-        pg = ProcessGroupGloo(timeout=timedelta(seconds=10))
-    model = _model(args.fragments, args.hidden)
-    inner = torch.optim.AdamW(model.parameters(), lr=INNER_LR)
-    outer = [torch.optim.SGD(f.parameters(), lr=0.7, momentum=0.9, nesterov=True) for f in model]
+        pg = ProcessGroupGloo(timeout=timeout)
     manager = Manager(
         pg=pg,
         min_replica_size=2,
@@ -129,15 +134,25 @@ def replica(args: argparse.Namespace) -> None:
             inner.load_state_dict(sd["inner"]),
         ),
         state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict()},
-        replica_id=f"replica_{args.replica}",
+        replica_id=f"replica_{replica}",
         store_addr="127.0.0.1",
         store_port=store.port,
         rank=0,
         world_size=1,
-        timeout=timedelta(seconds=10),
+        timeout=timeout,
         quorum_timeout=timedelta(seconds=30),
-        connect_timeout=timedelta(seconds=10),
+        connect_timeout=timeout,
     )
+    return comm, pg, manager
+
+
+def replica(args: argparse.Namespace) -> None:
+    from torchft.local_sgd import DiLoCo
+
+    model = _model(args.fragments, args.hidden)
+    inner = torch.optim.AdamW(model.parameters(), lr=INNER_LR)
+    outer = [torch.optim.SGD(f.parameters(), lr=0.7, momentum=0.9, nesterov=True) for f in model]
+    _, pg, manager = replica_manager(args.pg, args.replica, model, inner, 10.0)
     data = torch.Generator().manual_seed(100 + args.replica)  # each replica its own data
     target = torch.linspace(-1, 1, 8)
     losses: list[float] = []

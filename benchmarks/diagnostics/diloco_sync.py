@@ -37,26 +37,37 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib.util
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+REPO = Path(__file__).resolve().parents[2]
 KINDS = ("torchcomms", "gloo")
 PARTS = ("sync", "quorum", "issue", "wait", "commit", "outer", "compute", "wall")
 SKIP = 2  # outer steps left out at the start of each job
 
 
 # -- one replica ----------------------------------------------------------------------------------
+def _example() -> Any:
+    """``examples/ft_diloco.py`` as a module: its replica set-up (``replica_manager``) and its
+    reader of a child's output (``_Proc``), shared rather than copied."""
+    spec = importlib.util.spec_from_file_location("ft_diloco", REPO / "examples" / "ft_diloco.py")
+    assert spec is not None and spec.loader is not None
+    module = sys.modules.get("ft_diloco") or importlib.util.module_from_spec(spec)
+    if "ft_diloco" not in sys.modules:
+        sys.modules["ft_diloco"] = module
+        spec.loader.exec_module(module)
+    return module
+
+
 def _timed(fn: Callable[..., Any], part: str, acc: dict[str, float]) -> Callable[..., Any]:
     def wrapper(*a: Any, **k: Any) -> Any:
         start = time.perf_counter()
@@ -72,30 +83,7 @@ def replica(args: argparse.Namespace) -> None:
     import torch
     from torch import nn
     from torchft.local_sgd import DiLoCo
-    from torchft.manager import Manager
-    from torchft.process_group import ProcessGroupGloo
 
-    import torchcomms
-
-    torch.set_num_threads(1)
-    os.environ.update(TORCHCOMM_RANK="0", TORCHCOMM_SIZE="1", TORCHCOMM_ABORT_ON_ERROR="0")
-    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    pg: Any
-    if args.pg == "torchcomms":
-        from torchft.torchcomms import ProcessGroupTorchComms
-
-        comm = torchcomms.new_comm(
-            "gloo",
-            torch.device("cpu"),
-            name=f"diloco_{args.replica}",
-            store=store,
-            enable_reconfigure=True,
-            abort_process_on_timeout_or_error=False,
-            timeout=timedelta(seconds=20),
-        )
-        pg = ProcessGroupTorchComms(comm, timeout=timedelta(seconds=20))
-    else:
-        pg = ProcessGroupGloo(timeout=timedelta(seconds=20))
     h = args.hidden
     torch.manual_seed(0)
     model = nn.Sequential(
@@ -103,34 +91,17 @@ def replica(args: argparse.Namespace) -> None:
     )
     inner = torch.optim.AdamW(model.parameters(), lr=1e-3)
     outer = [torch.optim.SGD(f.parameters(), lr=0.7, momentum=0.9, nesterov=True) for f in model]
-    manager = Manager(
-        pg=pg,
-        min_replica_size=2,
-        use_async_quorum=False,
-        load_state_dict=lambda sd: (
-            model.load_state_dict(sd["model"]),
-            inner.load_state_dict(sd["inner"]),
-        ),
-        state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict()},
-        replica_id=f"replica_{args.replica}",
-        store_addr="127.0.0.1",
-        store_port=store.port,
-        rank=0,
-        world_size=1,
-        timeout=timedelta(seconds=20),
-        quorum_timeout=timedelta(seconds=30),
-        connect_timeout=timedelta(seconds=20),
-    )
+    comm, pg, manager = _example().replica_manager(args.pg, args.replica, model, inner, 20.0)
     acc = dict.fromkeys(PARTS[1:6], 0.0)
     perform_started = [0.0]
-    manager.start_quorum = _timed(manager.start_quorum, "quorum", acc)  # type: ignore[method-assign]
+    manager.start_quorum = _timed(manager.start_quorum, "quorum", acc)
     should_commit = _timed(manager.should_commit, "commit", acc)
 
     def commit(*a: Any, **k: Any) -> bool:
         acc["wait"] += time.perf_counter() - perform_started[0]
         return bool(should_commit(*a, **k))
 
-    manager.should_commit = commit  # type: ignore[method-assign]
+    manager.should_commit = commit
     data = torch.Generator().manual_seed(100 + args.replica)
     with DiLoCo(
         manager,
@@ -144,7 +115,7 @@ def replica(args: argparse.Namespace) -> None:
         fragment_update_alpha=0.5,
     ) as diloco:
         for fragment in diloco._fragments:
-            fragment.prepare_sync = _timed(fragment.prepare_sync, "issue", acc)  # type: ignore[method-assign]
+            fragment.prepare_sync = _timed(fragment.prepare_sync, "issue", acc)
             perform = fragment.perform_sync
 
             def perform_sync(perform: Callable[[], bool] = perform) -> bool:
@@ -156,7 +127,7 @@ def replica(args: argparse.Namespace) -> None:
                     spent = time.perf_counter() - start
                     acc["outer"] += spent - (acc["wait"] + acc["commit"] - before)
 
-            fragment.perform_sync = perform_sync  # type: ignore[method-assign]
+            fragment.perform_sync = perform_sync
         profile = cProfile.Profile() if args.profile else None
         if profile is not None:
             profile.enable()
@@ -178,7 +149,7 @@ def replica(args: argparse.Namespace) -> None:
                 record["compute"] = now - last - record["sync"] - paused
                 print("REC " + json.dumps(record), flush=True)
                 if args.pg == "torchcomms" and record["step"] == 1:
-                    ops = type(comm.get_backend_impl()._ops).__name__  # type: ignore[attr-defined]
+                    ops = type(comm.get_backend_impl()._ops).__name__
                     print(f"TRANSPORT {ops}", flush=True)
                 acc.update(dict.fromkeys(acc, 0.0))
                 last, paused = now, 0.0
@@ -193,32 +164,6 @@ def replica(args: argparse.Namespace) -> None:
 
 
 # -- one job --------------------------------------------------------------------------------------
-class _Proc:
-    """A child process (its own session) whose output lines a reader thread collects."""
-
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self.lines: list[str] = []
-        self.proc = subprocess.Popen(
-            argv,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-
 def one_job(pg: str, delay: int, args: argparse.Namespace) -> tuple[list[dict[str, float]], str]:
     """Both replicas' records of one job (the first ``SKIP`` outer steps left out), and the
     transport our communicators ran on after the quorum's reconfigure (``-`` for gloo)."""
@@ -226,7 +171,8 @@ def one_job(pg: str, delay: int, args: argparse.Namespace) -> tuple[list[dict[st
     if not binary.exists():
         raise SystemExit("torchft_lighthouse not found beside python: pip install torchft-nightly")
     argv = [str(binary), "--bind", "[::]:0", "--min_replicas", "2", "--join_timeout_ms", "3000"]
-    lighthouse = _Proc([*argv, "--quorum_tick_ms", "50"], dict(os.environ))
+    proc = _example()._Proc
+    lighthouse = proc("lighthouse", [*argv, "--quorum_tick_ms", "50"], dict(os.environ))
     procs = [lighthouse]
     try:
         deadline = time.monotonic() + 30
@@ -254,7 +200,7 @@ def one_job(pg: str, delay: int, args: argparse.Namespace) -> tuple[list[dict[st
             for flag in ("steps", "hidden", "fragments", "sync_every", "pause", "profile"):
                 if getattr(args, flag) is not None:
                     child += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-            procs.append(_Proc(child, env))
+            procs.append(proc(f"replica {i}", child, env))
         for p in procs[1:]:
             try:
                 code = p.proc.wait(240)
