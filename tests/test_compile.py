@@ -297,6 +297,13 @@ def grad_cases_on(comm: Any, backend: str) -> dict[str, Any]:
     (result.wait().sum() + sum(t.sum() for t in gathered)).backward()
     if x.grad is None or x.grad.tolist() != [2.0 * size] * compile_cases.C:
         failures.append(f"eager results: grad {x.grad}, want {2 * size} everywhere")
+    # Bad arguments on that path are the eager method's own error, not a binding's.
+    try:
+        comm.all_reduce(x * 1.0, ReduceOp.SUM, False, nonsense=1)
+        failures.append("eager autograd path: an unknown argument was accepted")
+    except TypeError as exc:
+        if "unexpected keyword argument 'nonsense'" not in str(exc):
+            failures.append(f"eager autograd path: bad argument raised {exc!r}")
     # Through the torch.distributed bridge an op stays c10d's: a work, no autograd node.
     from torchcomms._backend_wrapper import _BackendWrapper
 
