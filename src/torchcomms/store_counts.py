@@ -25,7 +25,9 @@ from typing import Any
 
 import torch._C._distributed_c10d as c10d
 
-#: Operations by kind (``set``, ``get``, ``check``, ...) plus ``bytes_out`` / ``bytes_in``.
+#: Operations by kind (``set``, ``get``, ``check``, ...) plus ``bytes_out`` / ``bytes_in``
+#: (the bytes of every operation but the timing-dependent ones) and ``poll_bytes`` (the
+#: bytes of ``check`` polls and liveness publishes, both ways).
 COUNTS: Counter[str] = Counter()
 _lock = threading.Lock()
 #: The liveness watcher's publish (``cpu.tcp.liveness``), under whatever prefixes.
@@ -33,11 +35,18 @@ _LIVENESS_KEY = re.compile(r"(^|/)seq/\d+$")
 _alive: list[CountingStore] = []
 
 
+#: Kinds whose number depends on timing: their bytes go to ``poll_bytes``.
+TIMED_KINDS = ("check", "liveness")
+
+
 def _count(kind: str, out: int = 0, back: int = 0) -> None:
     with _lock:
         COUNTS[kind] += 1
-        COUNTS["bytes_out"] += out
-        COUNTS["bytes_in"] += back
+        if kind in TIMED_KINDS:
+            COUNTS["poll_bytes"] += out + back
+        else:
+            COUNTS["bytes_out"] += out
+            COUNTS["bytes_in"] += back
 
 
 def snapshot() -> dict[str, int]:
@@ -75,6 +84,10 @@ class CountingStore(c10d.Store):
         value = self.inner.get(key)
         _count("get", len(key), len(value))
         return value
+
+    def multi_set(self, keys: list[str], values: list[Any]) -> None:
+        _count("multi_set", sum(len(k) for k in keys) + sum(_size(v) for v in values))
+        self.inner.multi_set(keys, values)  # type: ignore[attr-defined]  # not in torch's stubs
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
         values = [bytes(v) for v in self.inner.multi_get(keys)]
