@@ -421,11 +421,14 @@ def _dup_store(
         host, _, port = value.decode().rpartition(":")
         private = _client(host, int(port), deadline, where, "rank 0's private store", 0)
     private.set_timeout(timeout)
-    # Everyone announces it reached the private store, so rank 0 may drop the bootstrap one.
-    private.set(f"joined/{rank}", "1")
-    joined = {r: f"joined/{r}" for r in range(size)}
-    never = "never joined the private store"
-    _wait_keys(private, joined, deadline, where, never, None if rank == 0 else 0)
+    # Everyone announces it reached the private store, so rank 0 may drop the bootstrap
+    # one; only rank 0 waits for that (a member waiting for every key would send O(N)
+    # bytes of key names: the connect's first gather names a member that never came).
+    if rank == 0:
+        joined = {r: f"joined/{r}" for r in range(1, size)}
+        _wait_keys(private, joined, deadline, where, "never joined the private store", None)
+    else:
+        private.set(f"joined/{rank}", "1")
     return CommStore(store=private)
 
 

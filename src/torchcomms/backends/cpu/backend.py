@@ -92,7 +92,7 @@ class TorchCommGloo(CpuDispatch, CommBackend):
         self._size = -1
         self._ops: CpuOps | None = None
         self._store: CommStore | None = None
-        self._peers: list[tuple[str, int]] = []  # (host identity, pid) per comm rank
+        self._peers: list[tuple[str, int]] = []  # (host, pid) per comm rank: ``cpu.members``
         self._executor: OpExecutor | None = None
         self._split_counts: dict[tuple[str, tuple[int, ...]], int] = defaultdict(int)
         self._split_calls = 0  # every split of this comm, this rank in a group or not
@@ -147,7 +147,7 @@ class TorchCommGloo(CpuDispatch, CommBackend):
         self._timeout = options.timeout
         self._hints = dict(options.hints)
         self._store = store
-        self._peers = cpu_connect.exchange_identities(
+        members = cpu_connect.exchange_identities(
             store.store,
             rank,
             size,
@@ -155,20 +155,21 @@ class TorchCommGloo(CpuDispatch, CommBackend):
             Deadline(options.timeout),
             cpu_connect.connect_prefix(name, rank),
         )
+        self._peers = members.peers()
         try:
             self._ops = select.open_transport(
                 config.transport(options.hints.get("transport")),
                 store.store,
                 name,
                 rank,
-                self._peers,
+                members,
                 options,
             )
         except CommError as exc:
-            if rank == 0 and size > 1:  # members past this step wait for rank 0's verdict
-                for step in ("listeners", "connected"):
-                    cpu_connect.publish_failure(store.store, f"{step}/all", exc)
+            if rank == 0:
+                cpu_connect.publish_transport_failure(store.store, size, exc)
             raise
+        self._peers = members.peers()  # with the pids the transport learnt
         try:
             # The last step: a member that died after its transport was up is named by all.
             cpu_connect.rendezvous(

@@ -26,6 +26,7 @@ from typing import TypeVar
 import torch._C._distributed_c10d as c10d
 import torch.distributed
 
+from torchcomms.backends.cpu import members as members_mod
 from torchcomms.bootstrap import CommStore
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError, CommTimeoutError, PeerFailureError
@@ -88,7 +89,54 @@ def wait_keys(
         pause = min(pause * 2, _POLL_MAX_S)
 
 
-def gather(
+def collect(
+    store: c10d.Store,
+    key: str,
+    size: int,
+    deadline: Deadline,
+    local_pids: Mapping[int, int],
+    prefix: str,
+    what: str,
+    shared: bool = False,
+) -> list[str]:
+    """Rank 0: every other member's ``key/{rank}``, in rank order, read in one ``multi_get``
+    once all exist (polls of one ``check``).  If one never arrives or dies, every member's
+    bundle key says whom rank 0 blames (``publish_failure``) and this raises."""
+    keys = {f"{key}/{r}": r for r in range(1, size)}
+    try:
+        wait_keys(store, keys, deadline, local_pids, prefix, what)
+    except CommError as exc:
+        bundles = [bundle_key(key, r, shared) for r in range(1, size)]
+        publish_failure(store, sorted(set(bundles)), exc)
+        raise
+    return [bytes(v).decode() for v in store.multi_get(list(keys))]
+
+
+#: Where the tcp path's members publish their listeners (``key/{rank}``) and get their
+#: neighbours' (``cpu.select``).
+LISTENERS = "listeners"
+
+
+def publish_transport_failure(store: c10d.Store, size: int, error: CommError) -> None:
+    """Rank 0 failed to open its transport: members past that step wait for its verdict
+    (their listeners' bundle, the final handshake)."""
+    if size > 1:
+        publish_failure(store, [bundle_key(LISTENERS, r) for r in range(1, size)], error)
+        publish_failure(store, "connected/all", error)
+
+
+def multi_set(store: c10d.Store, keys: list[str], values: list[str]) -> None:
+    """Write every key in one round trip (c10d's ``multi_set``; torch's stubs omit it)."""
+    store.multi_set(keys, values)  # type: ignore[attr-defined]
+
+
+def bundle_key(key: str, rank: int, shared: bool = False) -> str:
+    """Where rank 0 leaves member ``rank``'s share of a scatter (``scatter``): ``key/all``
+    when every member gets the same bundle (``shared``), else ``key/b/{rank}``."""
+    return f"{key}/all" if shared else f"{key}/b/{rank}"
+
+
+def scatter(
     store: c10d.Store,
     key: str,
     rank: int,
@@ -98,34 +146,32 @@ def gather(
     local_pids: Mapping[int, int],
     prefix: str,
     what: str,
-) -> list[str]:
-    """Every member's ``value``, in comm rank order, on every member; also a rendezvous.
+    bundles: Callable[[list[str]], Mapping[str, str]],
+    shared: bool = False,
+) -> tuple[list[str], str]:
+    """Every member tells rank 0 ``value``; rank 0 answers each with a bundle.
 
-    The members set ``key/{rank}``; rank 0 waits for them all (polls of one ``check``),
-    reads them in one ``multi_get`` and publishes the list as one value, ``key/all`` (or,
-    if a member never arrives or dies, whom it blames: ``publish_failure``); the members
-    wait for that and read it.  So O(1) store round trips per rank, rank 0 included,
-    besides the polls; the bytes rank 0 reads and everyone reads back are O(N).
+    Members set ``key/{rank}`` and wait for their bundle key (``bundle_key``: their own,
+    or one for all when ``shared``); rank 0 collects every value (``collect``: one
+    ``multi_get``), calls ``bundles(values)`` (values in rank order, its own first) for
+    what to write (keys relative to the store; the bundles, as ``ok <bundle>``, among
+    them) and writes it all in one ``multi_set``.  Returns ``(values, "")`` on rank 0 and
+    ``([], bundle)`` on a member: O(1) store round trips and O(bundle) bytes per member,
+    O(N) bytes for rank 0 only.  Also a rendezvous: nobody passes before all arrived.
     """
-    if size == 1:
-        return [value]
     if rank == 0:
-        keys = {f"{key}/{r}": r for r in range(1, size)}
-        try:
-            wait_keys(store, keys, deadline, local_pids, prefix, what)
-        except CommError as exc:
-            publish_failure(store, f"{key}/all", exc)
-            raise
-        values = [value] + [bytes(v).decode() for v in store.multi_get(list(keys))]
-        store.set(f"{key}/all", "ok " + json.dumps(values))
-        return values
+        values = [value, *collect(store, key, size, deadline, local_pids, prefix, what, shared)]
+        out = bundles(values)
+        if out:
+            multi_set(store, list(out), list(out.values()))
+        return values, ""
     store.set(f"{key}/{rank}", value)
-    wait_keys(store, {f"{key}/all": 0}, deadline, local_pids, prefix, what)
-    published = store.get(f"{key}/all").decode()
+    mine = bundle_key(key, rank, shared)
+    wait_keys(store, {mine: 0}, deadline, local_pids, prefix, what)
+    published = store.get(mine).decode()
     if not published.startswith("ok "):
         raise failure_from(published, prefix, what)
-    values = json.loads(published[3:])
-    return [str(v) for v in values]
+    return [], published[3:]
 
 
 def store_lost(
@@ -202,10 +248,15 @@ def guarded(
     return box[0]
 
 
-def publish_failure(store: c10d.Store, key: str, error: CommError) -> None:
-    """Rank 0 gave up a connect step because of ``error``: say whom it blames, under ``key``."""
+def publish_failure(store: c10d.Store, keys: str | Sequence[str], error: CommError) -> None:
+    """Rank 0 gave up a connect step because of ``error``: say whom it blames, under each
+    of ``keys`` (one write, whatever their number)."""
     kind = "dead" if isinstance(error, PeerFailureError) else "timeout"
-    store.set(key, f"{kind} {','.join(map(str, error.ranks))}")
+    verdict = f"{kind} {','.join(map(str, error.ranks))}"
+    if isinstance(keys, str):
+        store.set(keys, verdict)
+    elif keys:
+        multi_set(store, list(keys), [verdict] * len(keys))
 
 
 def check_verdict(store: c10d.Store, key: str, prefix: str, what: str) -> None:
@@ -337,16 +388,45 @@ def split_done(
 
 def exchange_identities(
     store: c10d.Store, rank: int, size: int, identity: str, deadline: Deadline, prefix: str
-) -> list[tuple[str, int]]:
-    """Every member's (host identity, pid), in comm rank order, through the store
-    (``gather``: O(1) store round trips per rank, O(N) in total)."""
-    mine = f"{identity}\n{os.getpid()}"
-    values = gather(store, "host", rank, size, mine, deadline, {}, prefix, "the identity exchange")
-    peers = []
-    for value in values:
-        host, _, pid = value.rpartition("\n")
-        peers.append((host, int(pid)))
-    return peers
+) -> members_mod.Members:
+    """Who the members are (``cpu.members``): rank 0 reads every (host identity, pid) and
+    gives the members one O(1) bundle (``scatter``: O(1) round trips and bytes per member).
+
+    When the members span hosts, rank 0 also writes each host's pid list, which the
+    members of that host read when they need it (``read_host_pids``)."""
+    pid = os.getpid()
+    if size == 1:
+        return members_mod.Members(0, 1, members_mod.Placement("blocked", 1), {0: pid})
+    planned: list[members_mod.Members] = []
+
+    def bundles(values: list[str]) -> dict[str, str]:
+        identities, pids = [], []
+        for value in values:
+            host, _, text = value.rpartition("\n")
+            identities.append(host)
+            pids.append(int(text))
+        members, bundle, per_host = members_mod.plan(identities, pids)
+        planned.append(members)
+        out = {members_mod.host_pids_key(h): p for h, p in per_host.items()}
+        out[bundle_key("host", 0, shared=True)] = "ok " + bundle  # last: members wait on it
+        return out
+
+    mine = f"{identity}\n{pid}"
+    what = "the identity exchange"
+    _, bundle = scatter(
+        store, "host", rank, size, mine, deadline, {}, prefix, what, bundles, shared=True
+    )
+    return planned[0] if rank == 0 else members_mod.from_bundle(rank, size, bundle, pid)
+
+
+def read_host_pids(store: c10d.Store, members: members_mod.Members) -> None:
+    """Learn the pids of this rank's host's members (``host/pids/{h}``, written by rank 0
+    when the members span hosts; one ``get`` of O(ranks on this host) bytes)."""
+    local = members.local_ranks()
+    if members.local_pids_known():
+        return
+    key = members_mod.host_pids_key(members.host(members.rank))
+    members.learn(local, [int(p) for p in json.loads(store.get(key).decode())])
 
 
 def local_pids(peers: Sequence[tuple[str, int]], rank: int) -> dict[int, int]:

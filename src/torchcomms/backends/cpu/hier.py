@@ -135,7 +135,7 @@ def connect(
             c10d.PrefixStore(f"hier/host{topo.host}", store),
             topo.local_rank,
             len(members),
-            [peers[r][1] for r in members],
+            {i: peers[r][1] for i, r in enumerate(members)},
             hints,
             timeout,
             f"{describe} host{topo.host}",

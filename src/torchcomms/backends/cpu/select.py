@@ -14,6 +14,7 @@ a point-to-point engine (``transport.tcp_p2p``, its listener), a lane
 
 from __future__ import annotations
 
+import json
 import secrets
 import socket
 from collections.abc import Callable, Mapping
@@ -23,9 +24,11 @@ import torch._C._distributed_c10d as c10d
 from torchcomms import config
 from torchcomms.backends.cpu import connect as cpu_connect
 from torchcomms.backends.cpu import hier
+from torchcomms.backends.cpu.members import Members
 from torchcomms.backends.cpu.ops import CpuOps
 from torchcomms.backends.cpu.shm import ops as shm_ops
-from torchcomms.backends.cpu.tcp.liveness import Liveness
+from torchcomms.backends.cpu.tcp import census
+from torchcomms.backends.cpu.tcp.liveness import Liveness, within
 from torchcomms.backends.cpu.tcp.ops import TcpOps
 from torchcomms.backends.cpu.tcp.waits import GLOO_MARGIN
 from torchcomms.deadline import Deadline
@@ -61,70 +64,69 @@ def open_transport(
     store: c10d.Store,
     name: str,
     rank: int,
-    peers: list[tuple[str, int]],
+    members: Members,
     options: CommOptions,
 ) -> CpuOps:
-    """The one ops object of a comm; ``mode`` is ``auto``, ``shm`` or ``tcp``."""
-    size = len(peers)
-    here = [r for r, (host, _) in enumerate(peers) if host == peers[rank][0]]
+    """The one ops object of a comm; ``mode`` is ``auto``, ``shm`` or ``tcp``.
+
+    Learns what it needs of ``members`` on the way: this host's pids (from the segment on
+    shm, ``host/pids/{h}`` otherwise)."""
+    size = members.size
+    here = members.local_ranks()
     # Before any wait policy is built: they count the cores the ranks run on.
     placement.place(
         config.cpu_affinity(options.hints.get("cpu_affinity")), here.index(rank), len(here)
     )
     prefix = cpu_connect.connect_prefix(name, rank)
-    if _use_shm(mode, peers, rank, name):
-        return shm_ops.ShmOps(
-            shm_ops.open_collectives(
-                c10d.PrefixStore("shm", store),
-                rank,
-                size,
-                [pid for _, pid in peers],
-                options.hints,
-                options.timeout,
-                f"comm={name}",
-            )
+    if _use_shm(mode, members, name):
+        collectives = shm_ops.open_collectives(
+            c10d.PrefixStore("shm", store),
+            rank,
+            size,
+            members.pids,
+            options.hints,
+            options.timeout,
+            f"comm={name}",
         )
+        members.learn(range(size), collectives.chan.pids)
+        return shm_ops.ShmOps(collectives)
+    cpu_connect.read_host_pids(store, members)
+    peers = members.peers()
     lazy = config.gloo_lazy_init(options.hints.get("lazy"))
     hosts = [host for host, _ in peers]
     desc, device = gloo.choose_device(options.hints, hosts, hosts[rank], lazy)
     local = cpu_connect.local_pids(peers, rank)
     deadline = Deadline(options.timeout)
-    lane_host = "127.0.0.1" if len(set(hosts)) == 1 else None
-    p2p_listener = _Listener(store, lane_host, options.hints)
-    lane_listener = _Listener(store, lane_host, options.hints)
-    # One gather of both listeners' addresses (O(1) store round trips per rank), which is
-    # also where the members meet before gloo's connect: that holds the GIL while it waits
-    # for a peer, so a member that died since the identity exchange is named now.
+    lane_host = "127.0.0.1" if members.all_local else None
+    listeners = [_Listener(store, lane_host, options.hints) for _ in range(3)]
+    p2p_listener, lane_listener, watch_listener = listeners
+    # One scatter of the listeners' addresses (O(1) store round trips per rank): each
+    # member gets its lane neighbours' (log2 N of them) and its census tree links';
+    # point-to-point peers are read at a pair's first use.  Also where the members meet
+    # before gloo's connect: that holds the GIL while it waits for a peer, so a member
+    # that died since the identity exchange is named now.
     try:
-        addresses = cpu_connect.gather(
+        near = _neighbour_addresses(
             store,
-            "listeners",
             rank,
             size,
-            f"{p2p_listener.entry}|{lane_listener.entry}",
+            "|".join(listener.entry for listener in listeners),
             deadline,
             local,
             prefix,
-            "the gloo connect",
         )
     except BaseException:
-        p2p_listener.sock.close()
-        lane_listener.sock.close()
+        for listener in listeners:
+            listener.sock.close()
         raise
-    p2p = listen_p2p(p2p_listener, rank, [a.split("|")[0] for a in addresses], local)
+    p2p = listen_p2p(p2p_listener, rank, _StoreAddresses(store, _P2P), local)
     try:
         lane = connect_lane(
-            lane_listener,
-            store,
-            rank,
-            size,
-            [a.split("|")[1] for a in addresses],
-            deadline,
-            local,
-            prefix,
+            lane_listener, store, rank, size, near.lane.__getitem__, deadline, local, prefix
         )
     except BaseException:
         p2p.close()
+        watch_listener.sock.close()
         raise
     try:
         pg, pg_store = cpu_connect.guarded(
@@ -146,9 +148,16 @@ def open_transport(
         lane.goodbye("FAILED failed")
         lane.close()
         p2p.close()
+        watch_listener.sock.close()
         raise
     liveness = Liveness(
-        c10d.PrefixStore("lv", store), rank, peers, name, config.liveness_period_s()
+        c10d.PrefixStore("lv", store),
+        rank,
+        peers,
+        name,
+        config.liveness_period_s(),
+        watch_listener.sock,
+        near.watch_address,
     )
     flat = TcpOps(
         pg,
@@ -180,6 +189,105 @@ def open_transport(
     return flat
 
 
+#: The fields of a member's ``connect.LISTENERS`` entry: ``p2p|lane|watch``.
+_P2P, _LANE, _WATCH = range(3)
+
+
+def _parse_entry(entry: str) -> tuple[str, int, str]:
+    """``(host, port, token)`` from a listener's ``token port host`` entry."""
+    token, port, host = entry.split(" ", 2)
+    return host, int(port), token
+
+
+class _Neighbours:
+    """What this rank was told of its neighbours: the lane listeners of the ranks it dials
+    (r + 2^j), the watch listeners of its ring successor and its census tree links
+    (``cpu.tcp.census``); any other member's watch listener is read from the store."""
+
+    def __init__(self, store: c10d.Store, lane: dict[int, str], watch: dict[int, str]) -> None:
+        self.lane = {r: _parse_entry(e) for r, e in lane.items()}
+        self._watch = {r: _parse_entry(e)[:2] for r, e in watch.items()}
+        self._others = _StoreAddresses(store, _WATCH)
+
+    def watch_address(self, rank: int) -> tuple[str, int] | None:
+        """A member's watch listener (any thread; the store only past the neighbours)."""
+        found = self._watch.get(rank)
+        if found is not None:
+            return found
+        # The store's host may be behind a cut link: never wait on it for long.
+        entry = within(1.0, lambda: self._others(rank), "address")
+        return None if entry is None else entry[:2]
+
+
+def _neighbour_entries(entries: list[str], rank: int, size: int) -> str:
+    """Member ``rank``'s bundle: the lane entries of the ranks it dials (r + 2^j), and the
+    watch entries of its ring successor and its census parent and children."""
+    dialled = {f: entries[f].split("|")[_LANE] for _, f in tcp_lane.rounds(rank, size)}
+    near = {(rank + 1) % size, census.parent(rank), *census.children(rank, size)} - {rank}
+    watch = {r: entries[r].split("|")[_WATCH] for r in near}
+    return json.dumps({"l": dialled, "w": watch}, separators=(",", ":"))
+
+
+def _neighbour_addresses(
+    store: c10d.Store,
+    rank: int,
+    size: int,
+    entry: str,
+    deadline: Deadline,
+    local: Mapping[int, int],
+    prefix: str,
+) -> _Neighbours:
+    """Publish this rank's listeners; learn its neighbours' (``connect.scatter``: rank 0
+    reads every member's entry once and writes each member its neighbours' bundle)."""
+
+    def bundles(values: list[str]) -> dict[str, str]:
+        out = {
+            f"{cpu_connect.LISTENERS}/0": values[0]
+        }  # the others set theirs: peers read it on demand
+        for r in range(1, size):
+            out[cpu_connect.bundle_key(cpu_connect.LISTENERS, r)] = "ok " + _neighbour_entries(
+                values, r, size
+            )
+        return out
+
+    values, bundle = cpu_connect.scatter(
+        store,
+        cpu_connect.LISTENERS,
+        rank,
+        size,
+        entry,
+        deadline,
+        local,
+        prefix,
+        "the gloo connect",
+        bundles,
+    )
+    mine = json.loads(_neighbour_entries(values, 0, size) if rank == 0 else bundle)
+    return _Neighbours(
+        store,
+        {int(r): str(e) for r, e in mine["l"].items()},
+        {int(r): str(e) for r, e in mine["w"].items()},
+    )
+
+
+class _StoreAddresses:
+    """Rank -> a peer's ``(host, port, token)`` for one of its two listeners, read from the
+    store at the first dial of that peer (one ``get``; cached): what each pair costs the
+    store, instead of every member reading every member's address."""
+
+    def __init__(self, store: c10d.Store, which: int) -> None:
+        self._store = store
+        self._which = which
+        self._known: dict[int, tuple[str, int, str]] = {}
+
+    def __call__(self, rank: int) -> tuple[str, int, str]:
+        found = self._known.get(rank)
+        if found is None:
+            value = self._store.get(f"{cpu_connect.LISTENERS}/{rank}").decode()
+            found = self._known[rank] = _parse_entry(value.split("|")[self._which])
+        return found
+
+
 class _Listener:
     """A listening socket of this rank on ``host`` (loopback when every member is on this
     host), else on the address peers reach this host by; ``entry`` (``token port host``)
@@ -193,25 +301,19 @@ class _Listener:
         self.entry = f"{self.token} {self.sock.getsockname()[1]} {advertised}"
 
 
-def _dialable(entries: list[str]) -> Callable[[int], tuple[str, int, str]]:
-    """Rank -> ``(host, port, token)`` from the gathered ``token port host`` entries."""
-    parsed = []
-    for entry in entries:
-        token, port, host = entry.split(" ", 2)
-        parsed.append((host, int(port), token))
-    return parsed.__getitem__
-
-
 def listen_p2p(
-    listener: _Listener, rank: int, entries: list[str], local: Mapping[int, int]
+    listener: _Listener,
+    rank: int,
+    address_of: Callable[[int], tuple[str, int, str]],
+    local: Mapping[int, int],
 ) -> tcp_p2p.P2P:
-    """This rank's point-to-point engine (``transport.tcp_p2p``) on ``listener``; peers
-    (their gathered ``entries``) are dialled on first use."""
+    """This rank's point-to-point engine (``transport.tcp_p2p``) on ``listener``; a peer
+    (``address_of(rank)``: ``(host, port, token)``) is dialled on first use."""
     policy = WaitPolicy(len(local) + 1)
     # Ranks sharing cores: no spin (it would hold a peer's core), but yield for as long
     # as an shm wait does before sleeping in ``poll``.
     spin_s, yield_s = (0.0, policy.yield_s) if policy.oversubscribed else (tcp_p2p.SPIN_S, 0.0)
-    return tcp_p2p.P2P(rank, listener.sock, listener.token, _dialable(entries), spin_s, yield_s)
+    return tcp_p2p.P2P(rank, listener.sock, listener.token, address_of, spin_s, yield_s)
 
 
 def connect_lane(
@@ -219,13 +321,13 @@ def connect_lane(
     store: c10d.Store,
     rank: int,
     size: int,
-    entries: list[str],
+    address_of: Callable[[int], tuple[str, int, str]],
     deadline: Deadline,
     local: Mapping[int, int],
     prefix: str,
 ) -> tcp_lane.Lane:
-    """This rank's ``transport.tcp.lane`` connections (collective over the members), to the peers
-    whose listeners' ``entries`` were gathered; no store operation but rank 0's verdict."""
+    """This rank's ``transport.tcp.lane`` connections (collective over the members), to the
+    peers it dials (``address_of``: their listeners); no store operation but rank 0's verdict."""
     what = "the tcp lane connect"
     verdict = "connected/all"  # where rank 0 says that connecting failed (``backends.cpu``)
 
@@ -244,7 +346,7 @@ def connect_lane(
             listener.token,
             rank,
             size,
-            _dialable(entries),
+            address_of,
             deadline.end,
             between,
             spin_s,
@@ -253,18 +355,15 @@ def connect_lane(
         raise CommError(f"{prefix}{what} failed: {exc}") from exc
 
 
-def _use_shm(mode: str, peers: list[tuple[str, int]], rank: int, name: str) -> bool:
+def _use_shm(mode: str, members: Members, name: str) -> bool:
     """Shared memory when every member shares this host (``tcp`` forces gloo)."""
     if mode == "tcp":
         return False
-    me = peers[rank][0]
-    local = all(host == me for host, _ in peers)
     reason = shm_ops.unsupported_reason()
     if mode == "shm":
-        where = f"[TorchCommGloo comm={name} rank={rank}] transport=shm requested but"
+        where = f"[TorchCommGloo comm={name} rank={members.rank}] transport=shm requested but"
         if reason is not None:
             raise CommError(f"{where} unavailable: {reason}")
-        if not local:
-            hosts = len({host for host, _ in peers})
-            raise CommError(f"{where} the members span {hosts} hosts; use auto or tcp")
-    return local and reason is None
+        if not members.all_local:
+            raise CommError(f"{where} the members span {members.host_count} hosts; use auto or tcp")
+    return members.all_local and reason is None

@@ -80,8 +80,10 @@ PAGE = 4096
 PUBLISHED, CONSUMED, STATE, META0, META1, DOORBELL = range(6)
 _RANK_LINES = 6
 # The DOORBELL line: word 0 is the futex word its owner sleeps on (bumped by whoever wakes
-# it), word 1 says "I may be asleep: ring me after you write a flag".
-_BELL, _ASLEEP = 0, 1
+# it), word 1 says "I may be asleep: ring me after you write a flag", word 2 is the rank's
+# pid (written by the segment's creator, so members learn each other's pids without the
+# store: ``pid_words``).
+_BELL, _ASLEEP, _PID = 0, 1, 2
 # Flag lines per ordered pair (src -> dst): SENT/PMETA0/PMETA1 written by src, ACKED by dst.
 SENT, ACKED, PMETA0, PMETA1 = range(4)
 _PAIR_LINES = 4
@@ -132,6 +134,11 @@ class Layout:
             + self.coll_bytes
             + ((src * self.size + dst) * 2 + parity) * self.pair_bytes
         )
+
+
+def pid_words(layout: Layout) -> list[int]:
+    """Where each member's pid sits (int64 words), written by the segment's creator."""
+    return [layout.rank_flag(r, DOORBELL) + _PID for r in range(layout.size)]
 
 
 class ShmChannel:
@@ -189,6 +196,11 @@ class ShmChannel:
         #: The fingerprint whose descriptor and count this rank's meta line of each parity
         #: holds (``write_fingerprint`` rewrites them only when they change).
         self.meta_fp: list[Fingerprint | None] = [None, None]
+
+    @property
+    def pids(self) -> list[int]:
+        """Every member's pid (as the segment records them: ``read_pids``)."""
+        return list(self._pids)
 
     # -- views -----------------------------------------------------------------------------
     def typed(self, dtype: torch.dtype) -> torch.Tensor:

@@ -13,7 +13,7 @@ rings of ``transport.shm.p2p``.  The hierarchical path (``cpu.hier``) builds on
 from __future__ import annotations
 
 import platform
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
 import torch
@@ -35,6 +35,7 @@ from torchcomms.transport.shm.channel import (
     STATE_TIMED_OUT,
     Layout,
     ShmChannel,
+    pid_words,
 )
 from torchcomms.transport.shm.p2p import ShmP2P, Transfer
 from torchcomms.transport.wait_policy import WaitPolicy
@@ -82,7 +83,7 @@ def open_collectives(
     store: c10d.Store,
     rank: int,
     size: int,
-    pids: Sequence[int],
+    pids: Mapping[int, int],
     hints: dict[str, str],
     timeout: timedelta,
     describe: str,
@@ -90,6 +91,8 @@ def open_collectives(
     """Create (rank 0) or map (others) a segment for ``size`` members; see the module docstring.
 
     Collective over the members; ``describe`` (``comm=NAME``) prefixes wait errors.
+    ``pids``: the members' pids this rank knows: all of them on rank 0, which records them
+    in the segment, where the others read them (``chan.pids``); rank 0's at least elsewhere.
     """
     # Every rank validates the settings (rank 0's values are used), so a bad value fails
     # everywhere at once instead of leaving the other ranks waiting for a segment.
@@ -98,7 +101,7 @@ def open_collectives(
     oneshot = _oneshot_max(size, slot) if configured is None else configured
     pair = _pair_bytes(size, config.shm_pair_bytes(hints.get("shm_pair_bytes")))
     deadline = Deadline(timeout)
-    local_pids = dict(enumerate(pids))
+    local_pids = {r: pid for r, pid in pids.items() if r != rank}
     prefix = f"[TorchCommGloo {describe} rank={rank}] new_comm: "
     what = "the shm set-up"
     if rank == 0:
@@ -106,6 +109,9 @@ def open_collectives(
         layout = Layout(size, slot, pair)
         name = shm_segment.new_name()
         mm = shm_segment.create(name, layout.total)
+        with memoryview(mm).cast("q") as words:  # the members read them there
+            for r, word in enumerate(pid_words(layout)):
+                words[word] = pids[r]
         store.set("shm/segment", f"{name}\n{slot}\n{pair}\n{oneshot}")
     else:
         cpu_connect.wait_keys(store, {"shm/segment": 0}, deadline, local_pids, prefix, what)
@@ -136,7 +142,9 @@ def open_collectives(
     except BaseException:
         mm.close()
         raise
-    chan = ShmChannel(mm, layout, rank, pids, WaitPolicy(size), describe)
+    with memoryview(mm).cast("q") as words:
+        every_pid = [int(words[word]) for word in pid_words(layout)]
+    chan = ShmChannel(mm, layout, rank, every_pid, WaitPolicy(size), describe)
     return ShmCollectives(chan, oneshot, config.mismatch_check())
 
 

@@ -19,17 +19,13 @@ rank's ring neighbours, so the tcp and hierarchical paths keep their own facts:
   connection can end while its process lives, and a rank whose connections were all
   cut would otherwise believe, and gossip, that everyone it lost is gone.
 * **Who entered which op**: the op thread bumps ``seq`` as it enters a collective (a
-  plain int store, no lock); the watcher publishes it to the store when it changed
-  (``lv/seq/{rank}``: one ``set`` per publish period at most, O(1) per rank).  The
-  publish period is the watch period, stretched at scale so that all members together
-  publish at most ``PUBLISH_BUDGET_PER_S`` times a second (``publish_period_s``): the
-  store's load stays bounded at any N.  On a timeout the failing rank waits two publish
-  periods, reads every member's value once (the failure path only) and names the ranks
-  that never entered.
+  plain int, no lock, never sent anywhere while ops run).  On a timeout the failing rank
+  asks the members over a tree of their listeners (``cpu.tcp.census``) and names the ranks
+  that are behind, silent or could not be asked, in bounded time at any N.
 
-Threads: one daemon watcher per communicator (``torchcomms-liveness-NAME``); ``dead``
-is replaced whole (a tuple), so readers on any thread need no lock.  ``close`` stops the
-watcher within a period.
+Threads: one daemon watcher per communicator (``torchcomms-liveness-NAME``), which also
+accepts census requests and hands each to a census thread; ``dead`` is replaced whole (a
+tuple), so readers on any thread need no lock.  ``close`` stops the watcher within a period.
 """
 
 from __future__ import annotations
@@ -39,12 +35,12 @@ import logging
 import selectors
 import socket
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import torch._C._distributed_c10d as c10d
 
+from torchcomms.backends.cpu.tcp.census import Census, Verdict
 from torchcomms.backends.cpu.tcp.probe import probe
 from torchcomms.transport.gloo.process_group import reachable_address
 from torchcomms.transport.procs import process_alive
@@ -53,18 +49,8 @@ logger = logging.getLogger("torchcomms.backends.cpu.tcp.liveness")
 
 T = TypeVar("T")
 
-#: How often the watcher checks pids and publishes this rank's op sequence number.
+#: How often the watcher checks pids.
 PERIOD_S = 0.05
-#: Liveness publishes per second that all members of a comm may send the store together
-#: (at most; ops must run for any to be sent): about an eighth of what one TCPStore
-#: served here with 8 clients (``benchmarks/diagnostics/scale_model.py``).  Up to 250
-#: members this leaves the period at ``PERIOD_S``.
-PUBLISH_BUDGET_PER_S = 5000.0
-
-
-def publish_period_s(size: int, period_s: float = PERIOD_S) -> float:
-    """How often a member of a ``size``-member comm publishes its op sequence number."""
-    return max(period_s, size / PUBLISH_BUDGET_PER_S)
 
 
 #: How long a timed-out op may spend asking the store who entered it.
@@ -90,7 +76,12 @@ class Liveness:
         peers: Sequence[tuple[str, int]],
         name: str,
         period_s: float = PERIOD_S,
+        listener: socket.socket | None = None,
+        address_of: Callable[[int], tuple[str, int] | None] | None = None,
     ) -> None:
+        """``listener``: this rank's, whose address the members were given at connect, and
+        ``address_of(rank)``: a member's (``cpu.select``); without them the watcher listens
+        on a socket of its own and the members find each other under ``addr/{rank}``."""
         self.rank = rank
         self.size = len(peers)
         self._store = store
@@ -100,14 +91,14 @@ class Liveness:
         self._pids = {r: pid for r, (host, pid) in enumerate(peers) if host == me}
         #: The collective this rank entered last (written by the op thread).
         self.seq = 0
-        self._published = 0
-        self._publishing = True
-        self._publish_every_s = publish_period_s(self.size, period_s)
-        self._next_publish = 0.0
         #: Ranks whose process is known gone, sorted.
         self.dead: tuple[int, ...] = ()
+        #: The last census's verdict (``missing``), for the error's wording.
+        self.verdict = Verdict()
+        self.census = Census(self)
         self._stop = threading.Event()
-        self._ring = _Ring(self, store, peers) if len({h for h, _ in peers}) > 1 else None
+        multi_host = len({h for h, _ in peers}) > 1
+        self._ring = _Ring(self, store, listener, address_of, link=multi_host)
         self._thread = threading.Thread(
             target=self._watch, name=f"torchcomms-liveness-{name}", daemon=True
         )
@@ -116,25 +107,13 @@ class Liveness:
     def _watch(self) -> None:
         ring = self._ring
         while not self._stop.is_set():
-            if ring is not None:
-                ring.poll(self._period_s)
-            elif self._stop.wait(self._period_s):
-                break
+            ring.poll(self._period_s)
             self.check_pids()
-            seq = self.seq
-            now = time.monotonic()
-            if seq != self._published and self._publishing and now >= self._next_publish:
-                self._next_publish = now + self._publish_every_s
-                try:
-                    self._store.set(f"seq/{self.rank}", str(seq))
-                    self._published = seq
-                except Exception:
-                    # The store's server is gone (its rank died): stop, or c10d would log a
-                    # broken pipe every period.  Pids and the ring still tell who is alive.
-                    self._publishing = False
-                    logger.debug("liveness: publishing seq failed; stopped", exc_info=True)
-        if ring is not None:
-            ring.close()
+        ring.close()
+
+    def census_address(self, rank: int) -> tuple[str, int] | None:
+        """Where ``rank``'s watcher listens (``cpu.tcp.census``)."""
+        return self._ring.address(rank)
 
     def mark_dead(self, ranks: Sequence[int]) -> list[int]:
         """Add ``ranks`` to ``dead``; return those that are news (watcher thread).
@@ -167,7 +146,7 @@ class Liveness:
     def answers(self, rank: int) -> bool:
         """Whether ``rank``, on another host, is shown alive by its listener (failure path
         only: a probe, bounded by about a second; False when it cannot tell)."""
-        if self._ring is None or rank in self._pids:
+        if not self._ring.link or rank in self._pids:
             return False
         ring = self._ring
 
@@ -191,27 +170,13 @@ class Liveness:
         """Local peers that are stopped (state T): alive, but not running."""
         return [r for r, pid in self._local if process_stopped(pid)]
 
-    def missing(self, seq: int, ranks: Sequence[int] | None = None) -> list[int] | None:
-        """Ranks (of ``ranks``, default all) that never entered collective ``seq``, or
-        None when the store cannot tell within a second (its host unreachable).
-
-        Failure path only: waits two publish periods so live peers' watchers publish, then
-        reads every member's published sequence number (a rank with none entered nothing).
-        """
-        time.sleep(2 * self._publish_every_s)
-        among = [r for r in (range(self.size) if ranks is None else ranks) if r != self.rank]
-
-        def read() -> list[int]:
-            keys = [f"seq/{r}" for r in among]
-            store = self._store
-            if store.check(keys):  # all published: one round trip
-                values = [int(bytes(v).decode()) for v in store.multi_get(keys)]
-            else:
-                values = [int(store.get(k).decode()) if store.check([k]) else 0 for k in keys]
-            return [r for r, v in zip(among, values, strict=True) if v < seq]
-
-        # A store behind a cut link would block for its timeout.
-        return within(_STORE_READ_S, read, "read")
+    def missing(self, seq: int, ranks: Sequence[int] | None = None) -> list[int]:
+        """Ranks (of ``ranks``, default all) that never entered collective ``seq``, did not
+        answer, or could not be asked (``cpu.tcp.census``; the failure path only, bounded
+        by ``census.BUDGET_S``).  ``verdict`` keeps the census's answer."""
+        self.verdict = self.census.missing(seq)
+        among = set(range(self.size) if ranks is None else ranks) - {self.rank}
+        return sorted(self.verdict.missing() & among)
 
     def elsewhere(self) -> list[int]:
         """The members on other hosts than this rank's."""
@@ -249,25 +214,36 @@ class _Conn:
 
 
 class _Ring:
-    """The side connections of a multi-host communicator (watcher thread only)."""
+    """The watcher's listener and, across hosts (``link``), its side connections to the
+    ring neighbours (watcher thread only)."""
 
     def __init__(
-        self, owner: Liveness, store: c10d.Store, peers: Sequence[tuple[str, int]]
+        self,
+        owner: Liveness,
+        store: c10d.Store,
+        listener: socket.socket | None,
+        address_of: Callable[[int], tuple[str, int] | None] | None,
+        link: bool,
     ) -> None:
         self.owner = owner
         self.rank = owner.rank
-        self.size = len(peers)
+        self.size = owner.size
         self.store = store
+        self.link = link
         self.sel = selectors.DefaultSelector()
-        host = reachable_address(store)
-        self.listener = socket.create_server((host, 0), backlog=16)
+        self._address_of = address_of
+        if listener is None:
+            host = reachable_address(store) if link else "127.0.0.1"
+            listener = socket.create_server((host, 0), backlog=64)
+            store.set(f"addr/{self.rank}", f"{host}:{listener.getsockname()[1]}")
+        self.listener = listener
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, None)
-        store.set(f"addr/{self.rank}", f"{host}:{self.listener.getsockname()[1]}")
         self.conns: dict[socket.socket, _Conn] = {}
         self.succ: socket.socket | None = None
         self._addresses: dict[int, tuple[str, int]] = {}
-        self._connect_successor(self.rank)
+        if link:
+            self._connect_successor(self.rank)
 
     def _connect_successor(self, after: int) -> None:
         """Connect to the first live rank after ``after`` (ranks refusing are dead)."""
@@ -276,7 +252,8 @@ class _Ring:
         while r != self.rank:
             if r not in owner.dead:
                 try:
-                    self.store.wait([f"addr/{r}"])
+                    if self._address_of is None:
+                        self.store.wait([f"addr/{r}"])
                     address = self.address(r)
                     assert address is not None
                     sock = socket.create_connection(address, timeout=2.0)
@@ -295,6 +272,8 @@ class _Ring:
 
     def address(self, rank: int) -> tuple[str, int] | None:
         """``rank``'s listener, once it published it (any thread; cached)."""
+        if self._address_of is not None:
+            return self._address_of(rank)
         found = self._addresses.get(rank)
         if found is None:
             key = f"addr/{rank}"
@@ -341,6 +320,14 @@ class _Ring:
             elif word == "PING":  # a probe (``cpu.tcp.probe``): yes, alive
                 with contextlib.suppress(OSError):
                     sock.send(b"PONG\n")
+            elif word in ("ASK", "FULL"):  # a census request: the census thread owns it now
+                with contextlib.suppress(OSError):
+                    sock.send(b"ACK\n")
+                self.conns.pop(sock, None)
+                with contextlib.suppress(KeyError, ValueError):
+                    self.sel.unregister(sock)
+                self.owner.census.answer(sock, line.decode(errors="replace"))
+                return
             elif word == "DEAD":
                 claimed = [int(x) for x in arg.split(",") if x]
                 if self.owner.known_alive(claimed):
