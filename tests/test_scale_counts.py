@@ -1,13 +1,15 @@
-"""Store operations per rank of ``new_comm``, counted (``TORCHCOMM_STORE_COUNTS=1``).
+"""Store operations and bytes per rank of ``new_comm`` and ``shrink``, counted
+(``TORCHCOMM_STORE_COUNTS=1``).
 
-O(1) store round trips and bytes per rank on every transport: whatever the world size, each member
-does the same number of store operations, rank 0 included (it gathers what the members
-publish with one ``multi_get`` and republishes it as one value), so the total is O(N).
-Transports: shm (one host), tcp with gloo's eager connect (its full-mesh rendezvous goes
-through one gathered value, ``transport.gloo_rendezvous``), tcp with lazy gloo (the
-default), and the hierarchical transport (two simulated hosts) with either.  ``check``
-calls (how waits poll) and liveness publishes (periodic) depend on timing and are left
-out.  Counts, never times.
+Whatever the world size, a member makes the same number of store operations and moves
+the same bytes (but for the addresses of its O(log2 N) neighbours on tcp), on every
+transport: rank 0 reads every member's identity in one ``multi_get`` and answers with one
+bundle for all (``cpu.members``), a shrink's agreement is led by its lowest live rank
+(``cpu.recovery.agree``).  Rank 0 (the coordinator) is counted apart: its round trips are
+constant too, its bytes O(N).  Transports: shm (one host), tcp with gloo's eager and lazy
+connect (one rank per simulated host), and hierarchical (two ranks per simulated host;
+its shrink is run, not compared: the survivors' hosts differ in shape from N to N).
+``check`` calls (how waits poll) depend on timing and are left out.  Counts, never times.
 """
 
 from __future__ import annotations
@@ -33,21 +35,41 @@ CASES: dict[str, tuple[dict[str, str], tuple[int, ...], int]] = {
     "hierarchical_lazy": ({"transport": "auto", "lazy": "true"}, (4, 6), 2),
     "hierarchical_eager": ({"transport": "auto", "lazy": "false"}, (4, 6), 2),
 }
-#: The most a member's bytes may differ between world sizes besides its lane addresses:
-#: the digits of ranks, sizes and pids in keys and values.
+#: The most a member's bytes may differ between world sizes besides its neighbours: the
+#: digits of ranks, sizes and pids in keys and values.
 DIGITS_SLACK = 24
 #: The most a doubling of N adds to a member's bundle of neighbours: one lane neighbour's
 #: address and one census child's (``"5":"<16 hex> <port> <host>"`` each).
 NEIGHBOURS_PER_DOUBLING_MAX = 2 * 44
 
 
-def _new_comm_ops(ctx: RankContext, hints: dict[str, str], per_host: int) -> dict[str, Any]:
+def _count(call: Any) -> tuple[Any, dict[str, int]]:
+    before = store_counts.snapshot()
+    result = call()
+    counted = store_counts.diff(store_counts.snapshot(), before)
+    not_ops = ("bytes_in", "bytes_out", "poll_bytes", *store_counts.TIMED_KINDS)
+    ops = sum(v for k, v in counted.items() if k not in not_ops)
+    moved = counted.get("bytes_in", 0) + counted.get("bytes_out", 0)
+    return result, {"ops": ops, "bytes": moved}
+
+
+def _phases(ctx: RankContext, hints: dict[str, str], per_host: int) -> dict[str, Any]:
     saved = os.environ.get("TORCHCOMM_HOST_ID")
     if per_host:
         os.environ["TORCHCOMM_HOST_ID"] = f"simulated-host-{ctx.rank // per_host}"
     try:
-        before = store_counts.snapshot()
-        comm = new_comm(
+        return _new_comm_and_shrink(ctx, hints)
+    finally:
+        if saved is None:
+            os.environ.pop("TORCHCOMM_HOST_ID", None)
+        else:
+            os.environ["TORCHCOMM_HOST_ID"] = saved
+
+
+def _new_comm_and_shrink(ctx: RankContext, hints: dict[str, str]) -> dict[str, Any]:
+    """``new_comm`` over the world, then every rank but the last shrinks it without it."""
+    comm, made = _count(
+        lambda: new_comm(
             "gloo",
             torch.device("cpu"),
             name="counted",
@@ -55,21 +77,24 @@ def _new_comm_ops(ctx: RankContext, hints: dict[str, str], per_host: int) -> dic
             timeout=timedelta(seconds=60),
             hints=hints,
         )
-        counted = store_counts.diff(store_counts.snapshot(), before)
-    finally:
-        if saved is None:
-            os.environ.pop("TORCHCOMM_HOST_ID", None)
-        else:
-            os.environ["TORCHCOMM_HOST_ID"] = saved
+    )
     t = torch.ones(4)
     comm.all_reduce(t, ReduceOp.SUM, False)
     assert int(t[0]) == ctx.world_size
-    transport = comm.get_backend_impl().transport  # type: ignore[attr-defined]
+    out = {"new_comm": {**made, "leads": ctx.rank == 0}}
+    out["transport"] = comm.get_backend_impl().transport  # type: ignore[attr-defined]
+    last = ctx.world_size - 1
+    if ctx.rank != last:
+        less, shrunk = _count(lambda: comm.shrink(exclude_ranks=[last], name="less"))
+        t = torch.ones(4)
+        less.all_reduce(t, ReduceOp.SUM, False)
+        assert int(t[0]) == last
+        out["shrink"] = {**shrunk, "leads": less.get_rank() == 0}
+        less.finalize()
+    ctx.store.set(f"shrunk/{ctx.rank}", "1")  # the last rank's comm lives until all shrank
+    ctx.store.wait([f"shrunk/{r}" for r in range(ctx.world_size)])
     comm.finalize()
-    not_ops = ("bytes_in", "bytes_out", "poll_bytes", *store_counts.TIMED_KINDS)
-    ops = sum(v for k, v in counted.items() if k not in not_ops)
-    moved = counted.get("bytes_in", 0) + counted.get("bytes_out", 0)
-    return {"ops": ops, "bytes": moved, "transport": transport}
+    return out
 
 
 def _lane_rounds(n: int) -> int:
@@ -77,28 +102,42 @@ def _lane_rounds(n: int) -> int:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_new_comm_store_ops_and_bytes_per_rank_do_not_grow_with_the_world(case: str) -> None:
+def test_store_ops_and_bytes_per_member_do_not_grow_with_the_world(case: str) -> None:
     hints, sizes, per_host = CASES[case]
     env = {"TORCHCOMM_STORE_COUNTS": "1", "TORCHCOMM_GLOO_HOSTNAME": "127.0.0.1"}
-    got = {n: run_ranks(_new_comm_ops, n, hints, per_host, timeout=90, env=env) for n in sizes}
+    got = {n: run_ranks(_phases, n, hints, per_host, timeout=90, env=env) for n in sizes}
     for n, results in got.items():
         expected = case.split("_")[0]
         assert all(r["transport"].startswith(expected) for r in results), (n, results)
-    ops = {n: [r["ops"] for r in results] for n, results in got.items()}
-    rank0 = {n: counts[0] for n, counts in ops.items()}
-    others = {n: max(counts[1:]) for n, counts in ops.items()}
-    # Every size the same: rank 0's gathers are one multi_get each, not one get per member.
-    assert len(set(rank0.values())) == 1, ops
-    assert len(set(others.values())) == 1, ops
-    if case.endswith("eager"):
-        return  # gloo's eager keys hold an address per pair: O(N) bytes per member
-    # Bytes: a member reads its bundle, never a list of every member; over tcp it is also
-    # given its neighbours' addresses (the lane's and the census tree's, O(log2 N) of
-    # them); nothing else grows.
-    moved = {n: max(r["bytes"] for r in results[1:]) for n, results in got.items()}
-    lane = 0 if case == "shm" else NEIGHBOURS_PER_DOUBLING_MAX
-    smallest = min(sizes)
-    for n in sizes:
-        grown = moved[n] - moved[smallest]
-        allowed = DIGITS_SLACK + lane * (_lane_rounds(n) - _lane_rounds(smallest))
-        assert abs(grown) <= allowed, (case, moved, {"n": n, "grown": grown, "allowed": allowed})
+    # A shrink leaves N - 1 members: of 2 ranks, one (nobody to meet); on two ranks per
+    # host, hosts of different sizes, whose leaders' cross-host work differs with the shape
+    # (scale_counts.py counts it; here it must work).
+    phases = ("new_comm",) if case.startswith("hier") else ("new_comm", "shrink")
+    for name in phases:
+        size_of = (lambda n: n) if name == "new_comm" else (lambda n: n - 1)
+        rows = {
+            n: [r[name] for r in results if name in r]
+            for n, results in got.items()
+            if size_of(n) > 1
+        }
+        leads = {n: max(r["ops"] for r in rs if r["leads"]) for n, rs in rows.items()}
+        ops = {n: [r["ops"] for r in rs if not r["leads"]] for n, rs in rows.items()}
+        members = {n: max(counts) for n, counts in ops.items() if counts}
+        # Every size the same: rank 0 collects with one multi_get, not one get per member.
+        assert len(set(leads.values())) == 1, (name, rows)
+        assert len(set(members.values())) == 1, (name, rows)
+        if case.endswith("eager"):
+            continue  # gloo's eager keys hold an address per pair: O(N) bytes per member
+        # Bytes: a member reads its bundle, never a list of every member; over tcp it is
+        # also given its neighbours' addresses (the lane's and the census tree's, O(log2 N)
+        # of them); nothing else grows.
+        moved = {
+            n: max(r["bytes"] for r in rs if not r["leads"]) for n, rs in rows.items() if ops[n]
+        }
+        neighbours = 0 if case == "shm" else NEIGHBOURS_PER_DOUBLING_MAX
+        smallest = min(moved)
+        for n, value in moved.items():
+            grown = value - moved[smallest]
+            doublings = _lane_rounds(size_of(n)) - _lane_rounds(size_of(smallest))
+            allowed = DIGITS_SLACK + neighbours * doublings
+            assert abs(grown) <= allowed, (case, name, moved, n, grown, allowed)
