@@ -4,8 +4,9 @@ liveness listeners.
 Real ``Liveness`` objects (their watcher threads and listeners, in this process) over a
 counting in-process store: running ops cost the store nothing; a census from any rank
 names the members behind, a member whose listener holds connections in silence (what a
-stopped process's kernel does) and, when rank 0 itself is silent, still the rest; and the
-tree's shape. The multi-process paths (a SIGSTOPped rank, a rank that never calls the op)
+stopped process's kernel does) and, when rank 0 itself is silent, still the rest; ranks
+whose port refuses (they left) are not named, their subtrees still asked; and the tree's
+shape. The multi-process paths (a SIGSTOPped rank, a rank that never calls the op)
 are in ``tests/chaos/test_faults.py`` and ``tests/test_shm_hier.py``.
 """
 
@@ -27,19 +28,25 @@ PERIOD_S = 0.02
 
 
 @contextmanager
-def _members(size: int, silent: set[int]) -> Iterator[dict[int, Liveness]]:
-    """A ``Liveness`` per rank not in ``silent``; a silent rank's address is a listener
-    that accepts and never reads (as a stopped process's would)."""
+def _members(
+    size: int, silent: set[int], gone: frozenset[int] = frozenset()
+) -> Iterator[dict[int, Liveness]]:
+    """A ``Liveness`` per rank not ``silent`` or ``gone``; a silent rank's address is a
+    listener that accepts and never reads (as a stopped process's would), a gone rank's a
+    port nobody listens on any more (as an exited process's)."""
     store = store_counts.CountingStore(dist.HashStore())
     peers = [("host-a", os.getpid())] * size
     made: dict[int, Liveness] = {}
     mute: list[socket.socket] = []
     try:
         for r in range(size):
-            if r in silent:
+            if r in silent or r in gone:
                 sock = socket.create_server(("127.0.0.1", 0))
-                mute.append(sock)
                 store.set(f"addr/{r}", f"127.0.0.1:{sock.getsockname()[1]}")
+                if r in gone:
+                    sock.close()
+                else:
+                    mute.append(sock)
             else:
                 made[r] = Liveness(store, r, peers, f"census{r}", PERIOD_S)
         yield made
@@ -88,6 +95,17 @@ def test_a_silent_rank_0_is_named_and_the_rest_still_asked() -> None:
             assert made[asker].verdict.silent == {0}
 
 
+def test_a_gone_rank_is_not_named_and_its_subtree_still_asked() -> None:
+    """Ranks that left after their own timeout (the default ends the process) refuse: the
+    census asks past them and names only who never entered."""
+    with _members(8, {7}, frozenset({0, 4})) as made:
+        for lv in made.values():
+            lv.seq = 3
+        for asker in (5, 6, 1):
+            assert made[asker].missing(3) == [7], made[asker].verdict
+            assert made[asker].verdict.gone == {0, 4}, made[asker].verdict
+
+
 def test_everyone_entered_names_nobody() -> None:
     with _members(5, set()) as made:
         for lv in made.values():
@@ -116,6 +134,6 @@ def test_the_tree_and_the_rank_ranges() -> None:
         assert sorted(seen) == list(range(size)), size
     assert census.encode_ranks([9, 1, 2, 3, 4, 7]) == "1-4,7,9"
     assert census.decode_ranks("1-4,7,9") == {1, 2, 3, 4, 7, 9}
-    verdict = census.Verdict({1}, {2, 3}, set())
+    verdict = census.Verdict({1}, {2, 3}, set(), {5})
     assert census.Verdict.decode(verdict.encode()) == verdict
     assert census.hop_s(100_000) * 4 * 17 <= 0.8 * census.BUDGET_S

@@ -38,8 +38,11 @@ logger = logging.getLogger("torchcomms.backends.cpu.connect")
 T = TypeVar("T")
 
 _SLICE = timedelta(milliseconds=50)
-#: The longest pause between two ``check`` polls of a connect-time wait.
+#: The longest pause between two ``check`` polls of a connect-time wait ...
 _POLL_MAX_S = 0.05
+#: ... stretched by this per key polled: a poll sends every key's name (about 40 bytes),
+#: so rank 0 waiting for N members sends at most about 4 MB/s of polls at any N.
+_POLL_S_PER_KEY = 1e-5
 
 
 def connect_prefix(name: str, rank: int) -> str:
@@ -74,7 +77,7 @@ def wait_keys(
     """
     names = list(keys)
     writers = sorted(set(keys.values()))
-    pause = 0.001
+    pause, longest = 0.001, max(_POLL_MAX_S, len(names) * _POLL_S_PER_KEY)
     # Poll with ``check``: a timed ``wait`` that expires makes c10d log a warning.
     while not store.check(names):
         check_dead(local_pids, writers, prefix, what)
@@ -86,7 +89,7 @@ def wait_keys(
                 return
             raise timed_out(prefix, deadline, what, missing, "never arrived")
         time.sleep(min(pause, max(deadline.left_s(), 0.0)))
-        pause = min(pause * 2, _POLL_MAX_S)
+        pause = min(pause * 2, longest)
 
 
 def collect(
@@ -392,8 +395,9 @@ def exchange_identities(
     """Who the members are (``cpu.members``): rank 0 reads every (host identity, pid) and
     gives the members one O(1) bundle (``scatter``: O(1) round trips and bytes per member).
 
-    When the members span hosts, rank 0 also writes each host's pid list, which the
-    members of that host read when they need it (``read_host_pids``)."""
+    Rank 0 also writes the pid list of each host with several members, which those
+    members read only if they watch pids over tcp (``read_host_pids``); on shm they read
+    them from the segment."""
     pid = os.getpid()
     if size == 1:
         return members_mod.Members(0, 1, members_mod.Placement("blocked", 1), {0: pid})
@@ -420,8 +424,8 @@ def exchange_identities(
 
 
 def read_host_pids(store: c10d.Store, members: members_mod.Members) -> None:
-    """Learn the pids of this rank's host's members (``host/pids/{h}``, written by rank 0
-    when the members span hosts; one ``get`` of O(ranks on this host) bytes)."""
+    """Learn the pids of this rank's host's members (``host/pids/{h}``, written by rank 0;
+    one ``get`` of O(ranks on this host) bytes, none when this rank is alone on it)."""
     local = members.local_ranks()
     if members.local_pids_known():
         return

@@ -215,7 +215,7 @@ class _Neighbours:
         if found is not None:
             return found
         # The store's host may be behind a cut link: never wait on it for long.
-        entry = within(1.0, lambda: self._others(rank), "address")
+        entry = within(census.ADDRESS_S, lambda: self._others(rank), "address")
         return None if entry is None else entry[:2]
 
 

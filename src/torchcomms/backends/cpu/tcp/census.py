@@ -9,7 +9,7 @@ r +- 2^j), whose listener address r was given at connect (``cpu.select``), so a 
 reads the store only to reach past a silent member.
 
 Requests, one per connection, a line each; the node says ``ACK`` at once (from its
-liveness watcher), then answers ``ANS behind;silent;unknown`` (rank ranges):
+liveness watcher), then answers ``ANS behind;silent;unknown;gone`` (rank ranges):
 
 * ``ASK s b``: which ranks of your subtree have not entered collective ``s``?  The node
   asks its children the same and merges their answers with its own.
@@ -19,14 +19,19 @@ liveness watcher), then answers ``ANS behind;silent;unknown`` (rank ranges):
 
 ``b`` is the budget in milliseconds; each hop passes on a little less (``hop_s``), so
 answers reach the asker before it gives up.  A node that does not ``ACK`` within
-``ACK_S`` (stopped, cut off) or refuses the connection (gone) is *silent*: its parent
-asks the node's children itself (addresses from the store: the failure path only),
-keeping the node's own answer if it comes late; a ``FULL`` goes to the grandparent, and
-when rank 0 is silent, the asker surveys the comm itself.  What could not be asked in
-time is *unknown*.  A timeout names behind + silent + unknown.
+``ACK_S`` (stopped, cut off) or cannot be reached is *silent*; one that refuses the
+connection or closes it unanswered is *gone* (it died, or left the comm after its own
+timeout: by default a timeout ends the process).  Either way its parent asks the node's
+children itself (addresses from the store: the failure path only), still taking the
+node's own answer should it come late; a ``FULL`` goes on to the grandparent, and when
+rank 0 is not there, the asker surveys the comm itself.  What could not be asked in time
+is *unknown*.  A timeout names behind + silent + unknown; the gone are said apart
+(whether they entered cannot be known, and their deaths are the liveness watcher's to
+report).
 
 Cost: O(N) messages in all, O(log N) per member; time: about 4 log2 N hops plus
-``ACK_S`` per silent member on a path, capped by ``BUDGET_S``.
+``2 * ACK_S`` per silent member on a path, capped by ``BUDGET_S`` (plus at most one
+bounded address read, ``ADDRESS_S``).
 
 Threads: the asker runs on its op thread; a node's share runs on a short-lived daemon
 thread (``torchcomms-census``) that the watcher starts for each request.  Verdicts are
@@ -52,6 +57,8 @@ BUDGET_S = 1.5
 ACK_S = 0.25
 #: The most a hop keeps of the budget for itself (less on deep trees: ``hop_s``).
 HOP_MAX_S = 0.05
+#: The longest a member's address may take to read from the store (``Member``).
+ADDRESS_S = 0.25
 #: How many collectives' verdicts a node keeps.
 _CACHED = 8
 
@@ -103,27 +110,31 @@ def decode_ranks(text: str) -> set[int]:
 @dataclass
 class Verdict:
     """Of the ranks asked about: behind (alive, never entered), silent (did not answer),
-    unknown (could not be asked in time)."""
+    unknown (could not be asked in time), gone (refused: dead, or left the comm)."""
 
     behind: set[int] = field(default_factory=set)
     silent: set[int] = field(default_factory=set)
     unknown: set[int] = field(default_factory=set)
+    gone: set[int] = field(default_factory=set)
 
     def merge(self, other: Verdict) -> None:
         self.behind |= other.behind
         self.silent |= other.silent
         self.unknown |= other.unknown
+        self.gone |= other.gone
 
     def missing(self) -> set[int]:
+        """The ranks a timeout names: not known to have entered, and not gone."""
         return self.behind | self.silent | self.unknown
 
     def encode(self) -> str:
-        return ";".join(encode_ranks(s) for s in (self.behind, self.silent, self.unknown))
+        parts = (self.behind, self.silent, self.unknown, self.gone)
+        return ";".join(encode_ranks(s) for s in parts)
 
     @staticmethod
     def decode(text: str) -> Verdict:
-        behind, silent, unknown = [*text.split(";"), "", "", ""][:3]
-        return Verdict(decode_ranks(behind), decode_ranks(silent), decode_ranks(unknown))
+        behind, silent, unknown, gone = [*text.split(";"), "", "", "", ""][:4]
+        return Verdict(*(decode_ranks(p) for p in (behind, silent, unknown, gone)))
 
 
 class Member(Protocol):
@@ -133,7 +144,9 @@ class Member(Protocol):
     size: int
     seq: int
 
-    def census_address(self, rank: int) -> tuple[str, int] | None: ...
+    def census_address(self, rank: int) -> tuple[str, int] | None:
+        """Where ``rank``'s watcher listens; None if unknown within ``ADDRESS_S``."""
+        ...
 
 
 class _Task:
@@ -150,6 +163,7 @@ class _Task:
         self.wait_until = 0.0  # for the connection, then for the ACK
         self.answer: Verdict | None = None
         self.silent = False  # no ACK in time, or gone: its children were asked instead
+        self.gone = False  # refused, or closed unanswered
         self.children: list[_Task] = []
 
     @property
@@ -162,7 +176,7 @@ class _Task:
             return self.answer
         if not self.silent:
             return Verdict(unknown=set(self.span))
-        out = Verdict(silent={self.node})
+        out = Verdict(gone={self.node}) if self.gone else Verdict(silent={self.node})
         covered = {self.node}
         for child in self.children:
             out.merge(child.verdict())
@@ -193,26 +207,17 @@ class Census:
         end = time.monotonic() + budget_s
         if me.rank == 0:
             return self._survey(seq, end)
-        found = Verdict()
         ancestor = parent(me.rank)
-        while True:
-            left = end - time.monotonic() - hop_s(me.size)
+        while True:  # an ancestor that does not answer is only a route: rank 0's survey
+            left = end - time.monotonic() - hop_s(me.size)  # says what became of it
             task = _Task(ancestor, f"FULL {seq} {int(left * 1000)}", set(range(me.size)))
             self._run([task], end, expand=False)
-            if task.answer is not None:
-                task.answer.merge(found)
-                return task.answer
-            if not task.silent:
-                found.merge(task.verdict())
-                return found
-            found.silent.add(ancestor)
+            if task.answer is not None or not task.silent:
+                return task.verdict()
             if ancestor == 0:  # nobody above answers: survey the comm for rank 0
-                root = _Task(0, "", _subtree(0, me.size))
-                root.silent = True
-                root.children = [self._task(c, seq, end) for c in children(0, me.size)]
-                self._run(root.children, end, expand=True)
-                found.merge(root.verdict())
-                return found
+                root = self._task(0, seq, end)
+                self._run([root], end, expand=True)
+                return root.verdict()
             ancestor = parent(ancestor)
 
     def _survey(self, seq: int, end: float) -> Verdict:
@@ -245,19 +250,23 @@ class Census:
             if task.node == me.rank:
                 mine.append(task)
                 return
+            if time.monotonic() >= end:
+                return  # no time left to ask it: unknown
+            # Past the neighbours, an address is a bounded store read (``ADDRESS_S``).
             address = me.census_address(task.node)
-            sock = None
+            sock, code = None, errno.EHOSTUNREACH  # no address: as good as unreachable
             if address is not None:
                 try:
                     sock = socket.socket(socket.AF_INET6 if ":" in address[0] else socket.AF_INET)
                     sock.setblocking(False)
-                    if sock.connect_ex(address) not in (0, errno.EINPROGRESS):
-                        raise ConnectionRefusedError
-                except OSError:
-                    if sock is not None:
-                        sock.close()
+                    code = sock.connect_ex(address)
+                except OSError as exc:
+                    code = exc.errno or errno.EHOSTUNREACH
+                if code not in (0, errno.EINPROGRESS) and sock is not None:
+                    sock.close()
                     sock = None
             if sock is None:
+                task.gone = code == errno.ECONNREFUSED  # else unreachable: silent
                 go_silent(task)
                 return
             task.sock = sock
@@ -284,8 +293,10 @@ class Census:
             for child in task.children:
                 start(child)
 
-        def lost(task: _Task) -> None:  # refused, reset or closed before it answered
+        def lost(task: _Task, gone: bool = True) -> None:
+            """Refused, reset or closed before it answered (gone), or unreachable."""
             stop(task)
+            task.gone = gone
             go_silent(task)
 
         def receive(task: _Task) -> None:
@@ -311,9 +322,11 @@ class Census:
 
         def send(task: _Task) -> None:
             assert task.sock is not None
+            error = task.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if error:  # the connection failed: refused is gone, anything else unreachable
+                lost(task, gone=error == errno.ECONNREFUSED)
+                return
             try:
-                if task.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-                    raise ConnectionRefusedError
                 task.sock.send((task.line + "\n").encode())
             except OSError:
                 lost(task)

@@ -6,8 +6,8 @@
 * Send/recv do not use gloo (``transport/tcp/p2p``); their waits call ``check_p2p``.
 * A gloo error names no peer: a broken connection waits up to ``ATTRIBUTION_S`` for a
   dying local peer's pid to show, then names it.
-* A timeout names the ranks that never entered the op (from the liveness watcher's
-  published sequence numbers), else the stopped ones, else says the transport stalled.
+* A timeout names the ranks that never entered the op (a census of the members,
+  ``cpu.tcp.census``), else the stopped ones, else says the transport stalled.
 
 ``troubled`` records that a gloo call failed or was left running: its process group must
 never be destroyed (that would join the stuck call's thread).  Runs on the op's thread;
@@ -211,21 +211,20 @@ class GlooWaiter:
         lv = self.liveness
         if peers is not None:
             return WaitError("timeout", peers, f"waiting for {ranks_text(peers)} in {what}")
-        missing = None if lv is None else lv.missing(self._seq())
-        if missing is None and lv is not None and lv.elsewhere():
-            far = lv.elsewhere()
-            return WaitError(
-                "timeout",
-                far,
-                f"waiting in {what}; the store cannot be read, so {ranks_text(far)} on other "
-                "hosts may be unreachable",
-            )
+        missing = [] if lv is None else lv.missing(self._seq())
         if missing:
+            assert lv is not None
+            quiet = sorted((lv.verdict.silent | lv.verdict.unknown) & set(missing))
+            notes = [f"collective #{self._seq()} of this comm"]
+            if quiet:
+                notes.append(f"{ranks_text(quiet)} did not answer: stopped or cut off")
+            if lv.verdict.gone:
+                notes.append(f"{ranks_text(sorted(lv.verdict.gone))} left or died meanwhile")
             return WaitError(
                 "timeout",
                 missing,
                 f"waiting for {ranks_text(missing)}, which never entered {what} "
-                f"(collective #{self._seq()} of this comm)",
+                f"({'; '.join(notes)})",
             )
         stopped = [] if lv is None else lv.stopped()
         if stopped:
