@@ -8,7 +8,9 @@ Faults, each on a fresh communicator of ``--world`` ranks whose last rank is the
 * ``kill``: the victim SIGKILLs itself 0.2 s after the others entered an all_reduce;
   detection = each survivor's ``PeerFailureError`` time minus the kill time.
 * ``stop``: the victim is SIGSTOPped before a 1 s-timeout all_reduce; detection = each
-  survivor's ``CommTimeoutError`` time minus the op's deadline (the overshoot).
+  survivor's ``CommTimeoutError`` time minus the op's deadline (the overshoot: how long
+  naming who never entered took, ``cpu.tcp.census``).
+  A kill or stop error that does not name the victim alone counts as unexpected.
 * ``mismatch``: the victim passes a different size; detection = time from entering the
   op to ``CollectiveMismatchError``, every rank.
 
@@ -83,12 +85,16 @@ def _rank(rank: int, world: int, port: int, placement: str, fault: str, q: Any) 
     n = size + 1 if fault == "mismatch" and rank == victim else size
     timeout = datetime.timedelta(seconds=1) if fault == "stop" else None
     start = time.monotonic()
+    named: list[int] = []
     try:
         comm.all_reduce(torch.ones(n), torchcomms.ReduceOp.SUM, False, timeout=timeout)
         kind = "returned"
     except Exception as exc:
         kind = type(exc).__name__
+        named = sorted(getattr(exc, "ranks", ()) or ())
     end = time.monotonic()
+    if fault in ("kill", "stop") and named != [victim]:
+        kind += f" naming {named}"  # counted as unexpected: it must name the victim alone
     if fault == "kill":
         store.wait(["killed_at"])
         base = float(store.get("killed_at").decode())
