@@ -10,6 +10,7 @@ constant too, its bytes O(N).  Transports: shm (one host), tcp with gloo's eager
 connect (one rank per simulated host), and hierarchical (two ranks per simulated host;
 its shrink is run, not compared: the survivors' hosts differ in shape from N to N).
 ``check`` calls (how waits poll) depend on timing and are left out.  Counts, never times.
+Also the bundle itself (``cpu.members``): a launcher's placement in closed form.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from tests.harness import RankContext, run_ranks
 from torchcomms import ReduceOp, new_comm, store_counts
+from torchcomms.backends.cpu import members
 
 #: transport -> (hints, world sizes, ranks per simulated host; 0: every rank on this host).
 CASES: dict[str, tuple[dict[str, str], tuple[int, ...], int]] = {
@@ -141,3 +143,44 @@ def test_store_ops_and_bytes_per_member_do_not_grow_with_the_world(case: str) ->
             doublings = _lane_rounds(size_of(n)) - _lane_rounds(size_of(smallest))
             allowed = DIGITS_SLACK + neighbours * doublings
             assert abs(grown) <= allowed, (case, name, moved, n, grown, allowed)
+
+
+@pytest.mark.parametrize(
+    ("hosts", "kind"),
+    [
+        ([0, 0, 0, 1, 1, 1, 2, 2, 2], "blocked"),  # torchrun's placement
+        ([0, 0, 1, 1, 2], "blocked"),  # a short last host
+        ([0, 1, 2, 3], "blocked"),  # a rank per host
+        ([0, 0, 0, 0], "blocked"),  # one host
+        ([0, 1, 2, 0, 1, 2, 0], "cyclic"),  # round-robin
+        ([0, 0, 1, 0, 2, 2, 1], "runs"),  # anything else
+    ],
+)
+def test_a_placement_is_described_in_closed_form_and_read_back(hosts: list[int], kind: str) -> None:
+    """What a member's bundle says of where ranks sit: a launcher's placement in O(1)."""
+    placement = members.Placement.of(hosts)
+    assert placement.kind == kind
+    assert placement.hosts(len(hosts)) == hosts
+    decoded = members.Placement.decode(placement.encode())
+    assert decoded == placement and decoded.hosts(len(hosts)) == hosts
+    # A launcher's placement costs the same bytes at any size (digits aside).
+    if kind != "runs":
+        n, count = len(hosts) * 1000, max(hosts) + 1
+        big = [h for h in hosts for _ in range(1000)]
+        if kind == "cyclic":
+            big = [r % count for r in range(n)]
+        assert members.Placement.of(big).kind == kind
+        assert len(str(members.Placement.of(big).encode())) <= len(str(placement.encode())) + 4
+
+
+def test_a_member_learns_its_host_from_the_bundle() -> None:
+    identities = ["a", "a", "b", "b", "c", "c"]
+    pids = [100, 101, 102, 103, 104, 105]
+    planned, bundle, per_host = members.plan(identities, pids)
+    assert planned.pids == dict(enumerate(pids)) and planned.host_count == 3
+    assert per_host == {0: "[100, 101]", 1: "[102, 103]", 2: "[104, 105]"}
+    three = members.from_bundle(3, 6, bundle, 103)
+    assert three.local_ranks() == [2, 3] and three.pids == {3: 103}  # rank 0 lives elsewhere
+    assert three.peers()[2:4] == [("host1", 0), ("host1", 103)]
+    one = members.from_bundle(1, 6, bundle, 101)
+    assert one.pids == {0: 100, 1: 101}  # rank 0 shares its host: its pid is watched

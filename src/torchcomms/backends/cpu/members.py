@@ -1,16 +1,16 @@
 """Who a CPU communicator's members are, as far as this rank needs to know: O(1) bytes each.
 
 Rank 0 reads every member's identity (host identity, pid) once, in one ``multi_get``, and
-gives each member a *bundle* (``plan``) instead of the whole list: the number of hosts,
-where ranks sit on hosts in closed form (``Placement``: ``blocked L`` or ``cyclic H``, as
-launchers place them; an irregular placement as runs of host indices), and rank 0's pid.
-So a member reads O(1) bytes whatever the world size.  The pids of a member's own host
-(what local death detection watches) come separately, where they are needed:
+gives the members one *bundle* (``plan``) instead of the whole list: where ranks sit on
+hosts in closed form (``Placement``: ``blocked L`` or ``cyclic H``, as launchers place
+them; an irregular placement as runs of host indices, O(hosts)), and rank 0's pid.  So a
+member reads O(1) bytes whatever the world size.  The pids of a member's own host (what
+local death detection watches) come separately, where they are needed:
 
 * every member on one host (shm): from the shared segment, where rank 0 writes them
-  (``transport.shm.channel.write_pids``): no store bytes at all;
+  (``transport.shm.channel.pid_words``): no store bytes at all;
 * otherwise (tcp, hierarchical): ``host/pids/{h}``, this host's pids only (O(ranks per
-  host)), which rank 0 writes in the same ``multi_set`` as the bundles.
+  host)), which rank 0 writes in the same ``multi_set`` as the bundle.
 
 Host identities never travel back: hosts are numbered in order of first appearance, and
 ``peers()`` renders them as ``host{h}``.  Runs on the thread that creates the communicator.
