@@ -219,12 +219,13 @@ class _Neighbours:
         return None if entry is None else entry[:2]
 
 
-def _neighbour_entries(entries: list[str], rank: int, size: int) -> str:
-    """Member ``rank``'s bundle: the lane entries of the ranks it dials (r + 2^j), and the
-    watch entries of its ring successor and its census parent and children."""
-    dialled = {f: entries[f].split("|")[_LANE] for _, f in tcp_lane.rounds(rank, size)}
+def _neighbour_entries(entries: list[list[str]], rank: int, size: int) -> str:
+    """Member ``rank``'s bundle, from every member's split ``p2p|lane|watch`` entry: the
+    lane entries of the ranks it dials (r + 2^j), and the watch entries of its ring
+    successor and its census parent and children."""
+    dialled = {f: entries[f][_LANE] for _, f in tcp_lane.rounds(rank, size)}
     near = {(rank + 1) % size, census.parent(rank), *census.children(rank, size)} - {rank}
-    watch = {r: entries[r].split("|")[_WATCH] for r in near}
+    watch = {r: entries[r][_WATCH] for r in near}
     return json.dumps({"l": dialled, "w": watch}, separators=(",", ":"))
 
 
@@ -239,39 +240,32 @@ def _neighbour_addresses(
 ) -> _Neighbours:
     """Publish this rank's listeners; learn its neighbours' (``connect.scatter``: rank 0
     reads every member's entry once and writes each member its neighbours' bundle)."""
+    key = cpu_connect.LISTENERS
+
+    mine: list[str] = []  # rank 0's own bundle
 
     def bundles(values: list[str]) -> dict[str, str]:
-        out = {
-            f"{cpu_connect.LISTENERS}/0": values[0]
-        }  # the others set theirs: peers read it on demand
+        split = [v.split("|") for v in values]
+        mine.append(_neighbour_entries(split, 0, size))
+        out = {f"{key}/0": values[0]}  # the others set theirs: peers read it on demand
         for r in range(1, size):
-            out[cpu_connect.bundle_key(cpu_connect.LISTENERS, r)] = "ok " + _neighbour_entries(
-                values, r, size
-            )
+            out[cpu_connect.bundle_key(key, r)] = "ok " + _neighbour_entries(split, r, size)
         return out
 
-    values, bundle = cpu_connect.scatter(
-        store,
-        cpu_connect.LISTENERS,
-        rank,
-        size,
-        entry,
-        deadline,
-        local,
-        prefix,
-        "the gloo connect",
-        bundles,
+    what = "the gloo connect"
+    _, bundle = cpu_connect.scatter(
+        store, key, rank, size, entry, deadline, local, prefix, what, bundles
     )
-    mine = json.loads(_neighbour_entries(values, 0, size) if rank == 0 else bundle)
+    told = json.loads(mine[0] if rank == 0 else bundle)
     return _Neighbours(
         store,
-        {int(r): str(e) for r, e in mine["l"].items()},
-        {int(r): str(e) for r, e in mine["w"].items()},
+        {int(r): str(e) for r, e in told["l"].items()},
+        {int(r): str(e) for r, e in told["w"].items()},
     )
 
 
 class _StoreAddresses:
-    """Rank -> a peer's ``(host, port, token)`` for one of its two listeners, read from the
+    """Rank -> a peer's ``(host, port, token)`` for one of its three listeners, read from the
     store at the first dial of that peer (one ``get``; cached): what each pair costs the
     store, instead of every member reading every member's address."""
 
