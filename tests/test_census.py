@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torchcomms import store_counts
 from torchcomms.backends.cpu.tcp import census
 from torchcomms.backends.cpu.tcp.liveness import Liveness
+from torchcomms.backends.cpu.tcp.waits import GlooWaiter
 
 PERIOD_S = 0.02
 
@@ -104,6 +105,22 @@ def test_a_gone_rank_is_not_named_and_its_subtree_still_asked() -> None:
         for asker in (5, 6, 1):
             assert made[asker].missing(3) == [7], made[asker].verdict
             assert made[asker].verdict.gone == {0, 4}, made[asker].verdict
+
+
+def test_a_timed_out_wait_names_the_behind_and_the_silent_and_says_who_left() -> None:
+    """What a tcp op's timeout says (``GlooWaiter``): the census's missing ranks, which of
+    them did not answer, and the gone apart, not named."""
+    with _members(8, {6}, frozenset({4})) as made:
+        for r, lv in made.items():
+            lv.seq = 2 if r == 3 else 3
+        waiter = GlooWaiter(5, lambda: [], made[5], lambda: 3)
+        error = waiter._timed_out("all_reduce", None)
+        assert (error.kind, sorted(error.ranks)) == ("timeout", [3, 6]), error
+        assert str(error) == (
+            "waiting for peer ranks 3, 6, which never entered all_reduce (collective #3 of "
+            "this comm; peer rank 6 did not answer: stopped or cut off; peer rank 4 left or "
+            "died meanwhile)"
+        ), str(error)
 
 
 def test_everyone_entered_names_nobody() -> None:

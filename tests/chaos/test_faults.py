@@ -90,6 +90,8 @@ def test_a_stopped_rank_is_named_by_the_timeout(transport: str) -> None:
         assert got["type"] == "CommTimeoutError", (transport, rank, got)
         assert "peer rank 2" in got["text"], (transport, rank, got)
         assert "peer rank 0" not in got["text"] and "peer rank 1" not in got["text"], got
+        if transport == "tcp":  # the census (cpu.tcp.census) heard nothing from it
+            assert "peer rank 2 did not answer: stopped or cut off" in got["text"], got
         assert TIMEOUT_S <= got["s"] < TIMEOUT_S + 1.0 + 1.0, (transport, rank, got)
 
 
