@@ -12,8 +12,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import threading
 import time
 from typing import Any
 
@@ -21,29 +23,47 @@ import pytest
 
 from tests.harness import RankContext, RankFailure, run_ranks
 from torchcomms.transport.tcp import lane as tcp_lane
+from torchcomms.transport.tcp import meet as tcp_meet
 
 CAP = 64
 
 
+def _card(token: str, listener: socket.socket) -> str:
+    return f"{token} {listener.getsockname()[1]}"
+
+
+def _address(card: str) -> tuple[str, int, str]:
+    token, port = card.split()
+    return "127.0.0.1", int(port), token
+
+
 def _connect(ctx: RankContext, timeout_s: float = 20.0) -> tcp_lane.Lane:
-    """A lane over the task's store, the way ``cpu.select.connect_lane`` builds one."""
+    """A lane over the task's store, the way ``cpu.select.connect_lane`` builds one: each
+    rank reads only its successor's card from the store."""
     store = ctx.store
     listener = tcp_lane.listen("127.0.0.1")
     token = f"tok{ctx.rank}"
-    store.set(f"lane/{ctx.rank}", f"{token} {listener.getsockname()[1]}")
-
-    def address_of(r: int) -> tuple[str, int, str]:
-        store.wait([f"lane/{r}"])
-        theirs, port = store.get(f"lane/{r}").decode().split()
-        return "127.0.0.1", int(port), theirs
-
+    card = _card(token, listener)
+    store.set(f"lane/{ctx.rank}", card)
+    successor = f"lane/{(ctx.rank + 1) % ctx.world_size}"
+    store.wait([successor])
     end = time.monotonic() + timeout_s
 
     def between(missing: list[int]) -> None:
         if time.monotonic() > end:
             raise TimeoutError(f"never connected: {missing}")
 
-    return tcp_lane.connect(listener, token, ctx.rank, ctx.world_size, address_of, end, between)
+    return tcp_meet.connect(
+        listener,
+        token,
+        ctx.rank,
+        ctx.world_size,
+        card,
+        store.get(successor).decode(),
+        _address,
+        end,
+        between,
+    )
 
 
 def _block(rank: int, step: int) -> bytes:
@@ -163,18 +183,15 @@ def _stray_then_connect(ctx: RankContext) -> int:
     """A stray client dials rank 0's listener before the real peer does: it is ignored."""
     if ctx.rank == 0:
         listener = tcp_lane.listen("127.0.0.1")
-        port = listener.getsockname()[1]
-        stray = socket.create_connection(("127.0.0.1", port))
-        stray.sendall(b"HI wrong-token 1 0\n")
-        ctx.store.set("lane/0", f"tok0 {port}")
-
-        def address_of(r: int) -> tuple[str, int, str]:
-            ctx.store.wait([f"lane/{r}"])
-            theirs, p = ctx.store.get(f"lane/{r}").decode().split()
-            return "127.0.0.1", int(p), theirs
-
+        stray = socket.create_connection(listener.getsockname())
+        stray.sendall(b"HI wrong-token 1 0 card\n")
+        ctx.store.set("lane/0", _card("tok0", listener))
+        ctx.store.wait(["lane/1"])
+        successor = ctx.store.get("lane/1").decode()
         end = time.monotonic() + 20
-        lane = tcp_lane.connect(listener, "tok0", 0, 2, address_of, end, lambda m: None)
+        lane = tcp_meet.connect(
+            listener, "tok0", 0, 2, _card("tok0", listener), successor, _address, end, print
+        )
         stray.close()
     else:
         lane = _connect(ctx)
@@ -191,27 +208,24 @@ def test_a_stray_client_is_not_taken_for_a_peer() -> None:
 
 def _never_dialled(ctx: RankContext) -> str:
     """Rank 1 publishes its listener but never dials: rank 0's wait names it."""
+    listener = tcp_lane.listen("127.0.0.1")
+    ctx.store.set(f"lane/{ctx.rank}", _card(f"tok{ctx.rank}", listener))
     if ctx.rank == 1:
-        listener = tcp_lane.listen("127.0.0.1")
-        ctx.store.set("lane/1", f"tok1 {listener.getsockname()[1]}")
         ctx.store.wait(["done"])
         listener.close()
         return ""
-    listener = tcp_lane.listen("127.0.0.1")
-    ctx.store.set("lane/0", f"tok0 {listener.getsockname()[1]}")
     end = time.monotonic() + 1.0
-
-    def address_of(r: int) -> tuple[str, int, str]:
-        ctx.store.wait([f"lane/{r}"])
-        theirs, p = ctx.store.get(f"lane/{r}").decode().split()
-        return "127.0.0.1", int(p), theirs
 
     def between(missing: list[int]) -> None:
         if time.monotonic() > end:
             raise TimeoutError(f"ranks {missing} never dialled in")
 
+    ctx.store.wait(["lane/1"])
+    successor = ctx.store.get("lane/1").decode()
     try:
-        tcp_lane.connect(listener, "tok0", 0, 2, address_of, end, between)
+        tcp_meet.connect(
+            listener, "tok0", 0, 2, _card("tok0", listener), successor, _address, end, between
+        )
     except TimeoutError as exc:
         return str(exc)
     finally:
@@ -221,3 +235,90 @@ def _never_dialled(ctx: RankContext) -> str:
 
 def test_a_rank_that_never_dials_in_is_named() -> None:
     assert run_ranks(_never_dialled, 2, timeout=30.0)[0] == "ranks [1] never dialled in"
+
+
+def _meet_on_threads(size: int, quiet: int | None = None) -> list[Any]:
+    """``size`` ranks meet on threads of this process, each told only its successor's card;
+    ``quiet``: a rank that listens but closes every connection it gets, unanswered.
+    Returns each rank's lane (or the error it raised)."""
+    listeners = [tcp_lane.listen("127.0.0.1") for _ in range(size)]
+    cards = [_card(f"tok{r}", sock) + " and more words" for r, sock in enumerate(listeners)]
+    out: list[Any] = [None] * size
+    end = time.monotonic() + 20.0
+
+    def between(missing: list[int]) -> None:
+        if time.monotonic() > end:
+            raise TimeoutError(f"never connected: {missing}")
+
+    def address(card: str) -> tuple[str, int, str]:
+        token, port, *_ = card.split()
+        return "127.0.0.1", int(port), token
+
+    def run(r: int) -> None:
+        if r == quiet:
+            listeners[r].settimeout(5.0)
+            with contextlib.suppress(OSError):
+                conn, _ = listeners[r].accept()
+                conn.recv(4096)
+                conn.close()
+            listeners[r].close()
+            return
+        try:
+            out[r] = tcp_meet.connect(
+                listeners[r],
+                f"tok{r}",
+                r,
+                size,
+                cards[r],
+                cards[(r + 1) % size],
+                address,
+                end,
+                between,
+            )
+        except Exception as exc:  # reported to the test
+            out[r] = exc
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30.0)
+    return [*out, cards]
+
+
+@pytest.mark.parametrize("size", [2, 5, 8, 13])
+def test_each_rank_learns_every_lane_neighbours_card_from_its_successors_alone(size: int) -> None:
+    """Pointer doubling: told only r + 1's card, rank r ends up holding the card of every
+    r +- 2^j (exactly those), and the lane it built gathers correctly."""
+    *lanes, cards = _meet_on_threads(size)
+    for r, lane in enumerate(lanes):
+        assert isinstance(lane, tcp_lane.Lane), (r, lane)
+        near = {p for pair in tcp_lane.rounds(r, size) for p in pair}
+        assert lane.cards == {p: cards[p] for p in near}, (r, lane.cards)
+    got: list[Any] = [None] * size
+
+    def gather(r: int) -> None:
+        rows = memoryview(bytearray(size * CAP))
+        mine = _block(r, 1)
+        rows[r * CAP : r * CAP + len(mine)] = mine
+        lengths = [0] * size
+        lengths[r] = len(mine)
+        lanes[r].all_gather(rows, CAP, lengths, lambda: None)
+        got[r] = [bytes(rows[p * CAP : p * CAP + lengths[p]]) for p in range(size)]
+        lanes[r].close()
+
+    threads = [threading.Thread(target=gather, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30.0)
+    assert got == [[_block(p, 1) for p in range(size)]] * size
+
+
+def test_a_peer_that_hangs_up_unanswered_is_named_by_who_dialled_it() -> None:
+    """Rank 2 of 4 takes a dial and closes it without an answer: rank 1, which dialled
+    it, raises naming it; nobody connects, and nobody hangs."""
+    *lanes, _ = _meet_on_threads(4, quiet=2)
+    assert isinstance(lanes[1], ConnectionError), lanes
+    assert str(lanes[1]) == "rank 2 closed the connection before answering"
+    assert not any(isinstance(lane, tcp_lane.Lane) for lane in lanes), lanes

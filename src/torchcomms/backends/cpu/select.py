@@ -14,7 +14,6 @@ a point-to-point engine (``transport.tcp_p2p``, its listener), a lane
 
 from __future__ import annotations
 
-import json
 import secrets
 import socket
 from collections.abc import Callable, Mapping
@@ -36,6 +35,7 @@ from torchcomms.errors import CommError
 from torchcomms.transport import placement
 from torchcomms.transport.gloo import process_group as gloo
 from torchcomms.transport.tcp import lane as tcp_lane
+from torchcomms.transport.tcp import meet as tcp_meet
 from torchcomms.transport.tcp import p2p as tcp_p2p
 from torchcomms.transport.wait_policy import WaitPolicy
 from torchcomms.types import CommOptions
@@ -100,21 +100,15 @@ def open_transport(
     lane_host = "127.0.0.1" if members.all_local else None
     listeners = [_Listener(store, lane_host, options.hints) for _ in range(3)]
     p2p_listener, lane_listener, watch_listener = listeners
-    # One scatter of the listeners' addresses (O(1) store round trips per rank): each
-    # member gets its lane neighbours' (log2 N of them) and its census tree links';
-    # point-to-point peers are read at a pair's first use.  Also where the members meet
-    # before gloo's connect: that holds the GIL while it waits for a peer, so a member
-    # that died since the identity exchange is named now.
+    # One scatter of the listeners' addresses (O(1) store round trips and bytes per rank):
+    # each member is told its successor's; the lane's handshakes pass on the rest of its
+    # neighbours' (``transport.tcp.meet``); point-to-point peers are read at a pair's
+    # first use.  Also where the members meet before gloo's connect: that holds the GIL
+    # while it waits for a peer, so a member that died since the identity exchange is
+    # named now.
+    card = "|".join(listener.entry for listener in listeners)
     try:
-        near = _neighbour_addresses(
-            store,
-            rank,
-            size,
-            "|".join(listener.entry for listener in listeners),
-            deadline,
-            local,
-            prefix,
-        )
+        successor = _successor_card(store, rank, size, card, deadline, local, prefix)
     except BaseException:
         for listener in listeners:
             listener.sock.close()
@@ -122,12 +116,13 @@ def open_transport(
     p2p = listen_p2p(p2p_listener, rank, _StoreAddresses(store, _P2P), local)
     try:
         lane = connect_lane(
-            lane_listener, store, rank, size, near.lane.__getitem__, deadline, local, prefix
+            lane_listener, store, rank, size, card, successor, deadline, local, prefix
         )
     except BaseException:
         p2p.close()
         watch_listener.sock.close()
         raise
+    near = _Neighbours(store, lane.cards)
     try:
         pg, pg_store = cpu_connect.guarded(
             lambda: gloo.connect_process_group(
@@ -200,13 +195,12 @@ def _parse_entry(entry: str) -> tuple[str, int, str]:
 
 
 class _Neighbours:
-    """What this rank was told of its neighbours: the lane listeners of the ranks it dials
-    (r + 2^j), the watch listeners of its ring successor and its census tree links
-    (``cpu.tcp.census``); any other member's watch listener is read from the store."""
+    """The watch listeners of this rank's lane neighbours (r +- 2^j: its ring successor
+    and its census tree links among them), from the lane's handshakes; any other
+    member's is read from the store."""
 
-    def __init__(self, store: c10d.Store, lane: dict[int, str], watch: dict[int, str]) -> None:
-        self.lane = {r: _parse_entry(e) for r, e in lane.items()}
-        self._watch = {r: _parse_entry(e)[:2] for r, e in watch.items()}
+    def __init__(self, store: c10d.Store, cards: Mapping[int, str]) -> None:
+        self._watch = {r: _parse_entry(c.split("|")[_WATCH])[:2] for r, c in cards.items()}
         self._others = _StoreAddresses(store, _WATCH)
 
     def watch_address(self, rank: int) -> tuple[str, int] | None:
@@ -219,49 +213,35 @@ class _Neighbours:
         return None if entry is None else entry[:2]
 
 
-def _neighbour_entries(entries: list[list[str]], rank: int, size: int) -> str:
-    """Member ``rank``'s bundle, from every member's split ``p2p|lane|watch`` entry: the
-    lane entries of the ranks it dials (r + 2^j), and the watch entries of its ring
-    successor and its census parent and children."""
-    dialled = {f: entries[f][_LANE] for _, f in tcp_lane.rounds(rank, size)}
-    near = {(rank + 1) % size, census.parent(rank), *census.children(rank, size)} - {rank}
-    watch = {r: entries[r][_WATCH] for r in near}
-    return json.dumps({"l": dialled, "w": watch}, separators=(",", ":"))
+def _lane_address(card: str) -> tuple[str, int, str]:
+    """A member's lane listener, from its ``p2p|lane|watch`` card."""
+    return _parse_entry(card.split("|")[_LANE])
 
 
-def _neighbour_addresses(
+def _successor_card(
     store: c10d.Store,
     rank: int,
     size: int,
-    entry: str,
+    card: str,
     deadline: Deadline,
     local: Mapping[int, int],
     prefix: str,
-) -> _Neighbours:
-    """Publish this rank's listeners; learn its neighbours' (``connect.scatter``: rank 0
-    reads every member's entry once and writes each member its neighbours' bundle)."""
+) -> str:
+    """Publish this rank's listeners (``card``); learn rank + 1's (``connect.scatter``: rank
+    0 reads every member's card once and writes each member its successor's)."""
     key = cpu_connect.LISTENERS
 
-    mine: list[str] = []  # rank 0's own bundle
-
     def bundles(values: list[str]) -> dict[str, str]:
-        split = [v.split("|") for v in values]
-        mine.append(_neighbour_entries(split, 0, size))
         out = {f"{key}/0": values[0]}  # the others set theirs: peers read it on demand
         for r in range(1, size):
-            out[cpu_connect.bundle_key(key, r)] = "ok " + _neighbour_entries(split, r, size)
+            out[cpu_connect.bundle_key(key, r)] = "ok " + values[(r + 1) % size]
         return out
 
     what = "the gloo connect"
-    _, bundle = cpu_connect.scatter(
-        store, key, rank, size, entry, deadline, local, prefix, what, bundles
+    values, bundle = cpu_connect.scatter(
+        store, key, rank, size, card, deadline, local, prefix, what, bundles
     )
-    told = json.loads(mine[0] if rank == 0 else bundle)
-    return _Neighbours(
-        store,
-        {int(r): str(e) for r, e in told["l"].items()},
-        {int(r): str(e) for r, e in told["w"].items()},
-    )
+    return values[1 % size] if rank == 0 else bundle
 
 
 class _StoreAddresses:
@@ -315,13 +295,15 @@ def connect_lane(
     store: c10d.Store,
     rank: int,
     size: int,
-    address_of: Callable[[int], tuple[str, int, str]],
+    card: str,
+    successor: str,
     deadline: Deadline,
     local: Mapping[int, int],
     prefix: str,
 ) -> tcp_lane.Lane:
-    """This rank's ``transport.tcp.lane`` connections (collective over the members), to the
-    peers it dials (``address_of``: their listeners); no store operation but rank 0's verdict."""
+    """This rank's ``transport.tcp.lane`` connections (collective over the members), met
+    through ``transport.tcp.meet`` from its successor's ``card``; no store operation but
+    rank 0's verdict."""
     what = "the tcp lane connect"
     verdict = "connected/all"  # where rank 0 says that connecting failed (``backends.cpu``)
 
@@ -335,12 +317,14 @@ def connect_lane(
     # members on this host, by pid), as the shm wait policy does.
     spin_s = 0.0 if WaitPolicy(len(local) + 1).oversubscribed else tcp_lane.SPIN_S
     try:
-        return tcp_lane.connect(
+        return tcp_meet.connect(
             listener.sock,
             listener.token,
             rank,
             size,
-            address_of,
+            card,
+            successor,
+            _lane_address,
             deadline.end,
             between,
             spin_s,

@@ -11,8 +11,8 @@ through it, so the mismatch check rides in the same messages as the data.
 rank ``r`` sends the blocks it holds, ``r .. r+c-1`` (``c = min(d, n - d)``), to ``r - d``
 and receives ``r+d .. r+d+c-1`` from ``r + d`` (mod ``n``).  Each rank holds one
 connection per round and direction: it dials the rank it receives from in that round
-(saying ``HI token rank round``) and accepts the one it sends to, so ``2 ceil(log2 n)``
-sockets per rank, with ``TCP_NODELAY``.
+and accepts the one it sends to (``transport.tcp.meet``, which also passes the peers'
+addresses along), so ``2 ceil(log2 n)`` sockets per rank, with ``TCP_NODELAY``.
 
 **Frames.**  ``u32 length`` then the body: ``c`` blocks, each ``u32 length`` + bytes.  A
 length of ``0xFFFFFFFF`` starts a control frame (``u32 length`` + UTF-8 text): ``BYE``
@@ -207,6 +207,8 @@ class Lane:
             for (to, frm), s, r in zip(rounds(rank, size), send_socks, recv_socks, strict=True)
         ]
         self._said_goodbye = False
+        #: Rank -> card (``transport.tcp.meet``): what each lane neighbour said of itself.
+        self.cards: dict[int, str] = {}
 
     def all_gather(
         self,
@@ -381,86 +383,3 @@ def listen(host: str) -> socket.socket:
     sock.bind((host, 0))
     sock.listen(64)
     return sock
-
-
-def connect(
-    listener: socket.socket,
-    token: str,
-    rank: int,
-    size: int,
-    address_of: Callable[[int], tuple[str, int, str]],
-    deadline_end: float,
-    between: Callable[[list[int]], None],
-    spin_s: float = 0.0,
-) -> Lane:
-    """Dial this rank's senders and accept its receivers (``spin_s``: ``Lane``'s).
-
-    ``listener`` was published with ``token`` (dialers must say it); ``address_of(r)``
-    returns ``r``'s ``(host, port, token)`` and may block until ``r`` published them.
-    ``between(missing)`` runs while waiting for the ranks still to dial in and raises to
-    give up (their names, a dead process, the deadline).  Closes ``listener``.
-    """
-    plan = rounds(rank, size)
-    recv_socks: list[socket.socket] = []
-    send_socks: list[socket.socket | None] = [None] * len(plan)
-    try:
-        for k, (_, recv_from) in enumerate(plan):
-            host, port, theirs = address_of(recv_from)
-            left = max(deadline_end - time.monotonic(), 0.1)
-            sock = socket.create_connection((host, port), timeout=left)
-            recv_socks.append(sock)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.sendall(f"HI {theirs} {rank} {k}\n".encode())
-            sock.setblocking(False)
-        listener.setblocking(False)
-        waiting = select.poll()  # poll, not select: a long-lived process may hold fds > 1024
-        waiting.register(listener, _IN)
-        while any(s is None for s in send_socks):
-            if not waiting.poll(SLICE_MS):
-                between([plan[k][0] for k, s in enumerate(send_socks) if s is None])
-                continue
-            try:
-                conn, _ = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                continue
-            slot = _hello(conn, token, plan, deadline_end)
-            if slot is None or send_socks[slot] is not None:
-                conn.close()  # not one of ours (a stray client): ignore it
-                continue
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn.setblocking(False)
-            send_socks[slot] = conn
-    except BaseException:
-        for s in [*recv_socks, *send_socks]:
-            if s is not None:
-                s.close()
-        raise
-    finally:
-        listener.close()
-    return Lane(rank, size, [s for s in send_socks if s is not None], recv_socks, spin_s)
-
-
-def _hello(
-    conn: socket.socket, token: str, plan: list[tuple[int, int]], deadline_end: float
-) -> int | None:
-    """The round a dialling peer serves (``HI token rank round``), or None if it is not one."""
-    conn.settimeout(max(min(deadline_end - time.monotonic(), 5.0), 0.1))
-    data = b""
-    try:
-        while not data.endswith(b"\n") and len(data) < 256:
-            chunk = conn.recv(256 - len(data))
-            if not chunk:
-                return None
-            data += chunk
-    except OSError:
-        return None
-    words = data.decode(errors="replace").split()
-    if len(words) != 4 or words[0] != "HI" or words[1] != token:
-        return None
-    try:
-        peer, k = int(words[2]), int(words[3])
-    except ValueError:
-        return None
-    if not 0 <= k < len(plan) or plan[k][0] != peer:
-        return None
-    return k
