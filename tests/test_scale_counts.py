@@ -15,6 +15,7 @@ Also the bundle itself (``cpu.members``): a launcher's placement in closed form.
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import timedelta
 from typing import Any
@@ -37,9 +38,13 @@ CASES: dict[str, tuple[dict[str, str], tuple[int, ...], int]] = {
     "hierarchical_lazy": ({"transport": "auto", "lazy": "true"}, (4, 6), 2),
     "hierarchical_eager": ({"transport": "auto", "lazy": "false"}, (4, 6), 2),
 }
-#: The most a member's bytes may differ between world sizes besides its neighbours: the
-#: digits of ranks, sizes and pids in keys and values.
+#: The most a member's bytes may differ between world sizes: the digits of ranks, sizes
+#: and pids in keys and values.
 DIGITS_SLACK = 24
+#: What a member's draw in the identity exchange adds (``cpu.leaders``): the first on its
+#: host signs it in (an ``add`` and a ``set``).
+ROLE_OPS = 2
+ROLE_BYTES = 64
 
 
 def _count(call: Any) -> tuple[Any, dict[str, int]]:
@@ -118,9 +123,11 @@ def test_store_ops_and_bytes_per_member_do_not_grow_with_the_world(case: str) ->
         leads = {n: max(r["ops"] for r in rs if r["leads"]) for n, rs in rows.items()}
         ops = {n: [r["ops"] for r in rs if not r["leads"]] for n, rs in rows.items()}
         members = {n: max(counts) for n, counts in ops.items() if counts}
-        # Every size the same: rank 0 collects with one multi_get, not one get per member.
+        # Every size the same: rank 0 hears from host leaders, not from every member.  A
+        # member's count depends on its draw (``cpu.leaders``: the first on a host signs
+        # it in), never on N.
         assert len(set(leads.values())) == 1, (name, rows)
-        assert len(set(members.values())) == 1, (name, rows)
+        assert max(members.values()) - min(members.values()) <= ROLE_OPS, (name, rows)
         if case.endswith("eager"):
             continue  # gloo's eager keys hold an address per pair: O(N) bytes per member
         # Bytes: a member reads its bundle and, over tcp, its successor's listeners; never
@@ -131,7 +138,7 @@ def test_store_ops_and_bytes_per_member_do_not_grow_with_the_world(case: str) ->
         smallest = min(moved)
         for n, value in moved.items():
             grown = value - moved[smallest]
-            assert abs(grown) <= DIGITS_SLACK, (case, name, moved, n, grown)
+            assert abs(grown) <= DIGITS_SLACK + ROLE_BYTES, (case, name, moved, n, grown)
 
 
 @pytest.mark.parametrize(
@@ -163,13 +170,14 @@ def test_a_placement_is_described_in_closed_form_and_read_back(hosts: list[int],
 
 
 def test_a_member_learns_its_host_from_the_bundle() -> None:
-    identities = ["a", "a", "b", "b", "c", "c"]
-    pids = [100, 101, 102, 103, 104, 105]
-    planned, bundle, per_host = members.plan(identities, pids)
-    assert planned.pids == dict(enumerate(pids)) and planned.host_count == 3
-    assert per_host == {0: "[100, 101]", 1: "[102, 103]", 2: "[104, 105]"}
-    three = members.from_bundle(3, 6, bundle, 103)
+    """The bundle rank 0 writes (``cpu.leaders``): the placement and rank 0's pid, read by
+    every member; rank 0's pid is kept only where it shares rank 0's host."""
+    placement = members.Placement.of([0, 0, 1, 1, 2, 2])
+    bundle = json.dumps({"at": placement.encode(), "p0": 100})
+    three = members.from_bundle(3, 6, bundle, 103, "tag")
     assert three.local_ranks() == [2, 3] and three.pids == {3: 103}  # rank 0 lives elsewhere
     assert three.peers()[2:4] == [("host1", 0), ("host1", 103)]
+    assert three.leaders() == [0, 2, 4] and three.host_tag == "tag"
     one = members.from_bundle(1, 6, bundle, 101)
     assert one.pids == {0: 100, 1: 101}  # rank 0 shares its host: its pid is watched
+    assert members.from_bundle(2, 4, '{"at":["cyclic",2],"p0":1}', 7).leaders() == [0, 1]

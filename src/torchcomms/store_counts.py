@@ -3,8 +3,9 @@
 With the setting on, ``bootstrap.create_comm_store`` wraps the store a communicator is
 given and the store it moves to in a ``CountingStore``, so every operation on them,
 ours and gloo's (its C++ calls reach a Python store too), adds to this process's
-``COUNTS``: operations by kind and bytes each way.  ``check`` is how waits poll here,
-so it is counted apart from the operations that move keys, and so is ``liveness``: the
+``COUNTS``: operations by kind and bytes each way.  ``check`` and ``read_counter`` (an
+``add`` of 0) are how waits poll here, so they are counted apart from the operations
+that move keys, and so is ``liveness``: the
 liveness watcher's periodic publish of its sequence number (``seq/{rank}``), a load per
 second (bounded in ``cpu.tcp.liveness``) that lands inside whatever window is measured only
 when a period happens to end in it.  Off (the default), nothing is wrapped and nothing
@@ -36,7 +37,7 @@ _alive: list[CountingStore] = []
 
 
 #: Kinds whose number depends on timing: their bytes go to ``poll_bytes``.
-TIMED_KINDS = ("check", "liveness")
+TIMED_KINDS = ("check", "read_counter", "liveness")
 
 
 def _count(kind: str, out: int = 0, back: int = 0) -> None:
@@ -95,7 +96,8 @@ class CountingStore(c10d.Store):
         return values
 
     def add(self, key: str, amount: int) -> int:
-        _count("add", len(key) + 8, 8)
+        # Adding 0 reads a counter: how waits on a count poll (``cpu.leaders``).
+        _count("add" if amount else "read_counter", len(key) + 8, 8)
         return int(self.inner.add(key, amount))
 
     def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:

@@ -302,8 +302,8 @@ def netns_rank_main() -> None:
 
 
 class Tripwire(torch.distributed.Store):
-    """A store that SIGKILLs its process right after it writes a key containing
-    ``trigger``: a rank that dies at an exact point of ``new_comm``."""
+    """A store that SIGKILLs its process right after it writes (or adds to) a key
+    containing ``trigger``: a rank that dies at an exact point of ``new_comm``."""
 
     def __init__(self, inner: Any, trigger: str) -> None:
         super().__init__()
@@ -319,7 +319,10 @@ class Tripwire(torch.distributed.Store):
         return self.inner.get(key)
 
     def add(self, key: str, value: int) -> int:
-        return int(self.inner.add(key, value))
+        got = int(self.inner.add(key, value))
+        if value and self.trigger in key:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return got
 
     def check(self, keys: list[str]) -> bool:
         return bool(self.inner.check(keys))

@@ -95,12 +95,13 @@ def test_a_stopped_rank_is_named_by_the_timeout(transport: str) -> None:
         assert TIMEOUT_S <= got["s"] < TIMEOUT_S + 1.0 + 1.0, (transport, rank, got)
 
 
-#: Where rank 1 dies inside new_comm: right after its identity is out (the others know
-#: its pid), inside the shm set-up, inside gloo's connect.
+#: Where rank 1 dies inside new_comm: right after its identity is out (it counted itself
+#: in, ``cpu.leaders``: the others learn its pid), inside the shm set-up, inside gloo's
+#: connect.
 BIRTH_DEATHS = {
-    "shm-after-identity": ("shm", "host/1"),
+    "shm-after-identity": ("shm", "host/arrived"),
     "shm-mapping": ("shm", "shm/mapped/1"),
-    "tcp-after-identity": ("tcp", "host/1"),
+    "tcp-after-identity": ("tcp", "host/arrived"),
     "tcp-gloo-connect": ("tcp", "gloo/"),
 }
 

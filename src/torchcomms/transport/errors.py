@@ -28,3 +28,23 @@ def ranks_text(ranks: Iterable[int], noun: str = "peer rank") -> str:
     """``peer rank 2`` / ``peer ranks 1, 3`` (sorted, each once)."""
     unique = sorted(set(ranks))
     return f"{noun}{'s' if len(unique) > 1 else ''} {', '.join(map(str, unique))}"
+
+
+def encode_ranks(ranks: Iterable[int]) -> str:
+    """``1-4,9``: sorted ranks as ranges."""
+    runs: list[list[int]] = []
+    for r in sorted(set(ranks)):
+        if runs and runs[-1][1] == r - 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def decode_ranks(text: str) -> set[int]:
+    out: set[int] = set()
+    for part in text.split(","):
+        if part:
+            first, _, last = part.partition("-")
+            out.update(range(int(first), int(last or first) + 1))
+    return out

@@ -34,7 +34,7 @@ from torchcomms import bootstrap, config
 from torchcomms.backends.contract import CommBackend
 from torchcomms.backends.cpu import connect as cpu_connect
 from torchcomms.backends.cpu import errors as cpu_errors
-from torchcomms.backends.cpu import select
+from torchcomms.backends.cpu import leaders, select
 from torchcomms.backends.cpu.dispatch import CpuDispatch, OpBody
 from torchcomms.backends.cpu.ops import Completion, CpuOps
 from torchcomms.backends.cpu.recovery import agree, reconfigure
@@ -147,7 +147,7 @@ class TorchCommGloo(CpuDispatch, CommBackend):
         self._timeout = options.timeout
         self._hints = dict(options.hints)
         self._store = store
-        members = cpu_connect.exchange_identities(
+        members = leaders.exchange_identities(
             store.store,
             rank,
             size,
@@ -172,11 +172,10 @@ class TorchCommGloo(CpuDispatch, CommBackend):
         self._peers = members.peers()  # with the pids the transport learnt
         try:
             # The last step: a member that died after its transport was up is named by all.
-            cpu_connect.rendezvous(
+            leaders.rendezvous(
                 store.store,
                 "connected",
-                rank,
-                size,
+                members,
                 Deadline(options.timeout),
                 cpu_connect.local_pids(self._peers, rank),
                 cpu_connect.connect_prefix(name, rank),

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -92,89 +91,23 @@ def wait_keys(
         pause = min(pause * 2, longest)
 
 
-def collect(
-    store: c10d.Store,
-    key: str,
-    size: int,
-    deadline: Deadline,
-    local_pids: Mapping[int, int],
-    prefix: str,
-    what: str,
-    shared: bool = False,
-) -> list[str]:
-    """Rank 0: every other member's ``key/{rank}``, in rank order, read in one ``multi_get``
-    once all exist (polls of one ``check``).  If one never arrives or dies, every member's
-    bundle key says whom rank 0 blames (``publish_failure``) and this raises."""
-    keys = {f"{key}/{r}": r for r in range(1, size)}
-    try:
-        wait_keys(store, keys, deadline, local_pids, prefix, what)
-    except CommError as exc:
-        bundles = [bundle_key(key, r, shared) for r in range(1, size)]
-        publish_failure(store, sorted(set(bundles)), exc)
-        raise
-    return [bytes(v).decode() for v in store.multi_get(list(keys))]
-
-
-#: Where the tcp path's members publish their listeners (``key/{rank}``) and get their
-#: neighbours' (``cpu.select``).
+#: Where the tcp path's members publish their listeners (``key/{rank}``), and meet
+#: (``LISTENERS_MET``, ``cpu.leaders.rendezvous``) before reading their successor's
+#: (``cpu.select``).
 LISTENERS = "listeners"
+LISTENERS_MET = "listeners/met"
 
 
 def publish_transport_failure(store: c10d.Store, size: int, error: CommError) -> None:
     """Rank 0 failed to open its transport: members past that step wait for its verdict
-    (their listeners' bundle, the final handshake)."""
+    (the listeners' rendezvous, the final handshake)."""
     if size > 1:
-        publish_failure(store, [bundle_key(LISTENERS, r) for r in range(1, size)], error)
-        publish_failure(store, "connected/all", error)
+        publish_failure(store, [f"{LISTENERS_MET}/all", "connected/all"], error)
 
 
 def multi_set(store: c10d.Store, keys: list[str], values: list[str]) -> None:
     """Write every key in one round trip (c10d's ``multi_set``; torch's stubs omit it)."""
     store.multi_set(keys, values)  # type: ignore[attr-defined]
-
-
-def bundle_key(key: str, rank: int, shared: bool = False) -> str:
-    """Where rank 0 leaves member ``rank``'s share of a scatter (``scatter``): ``key/all``
-    when every member gets the same bundle (``shared``), else ``key/b/{rank}``."""
-    return f"{key}/all" if shared else f"{key}/b/{rank}"
-
-
-def scatter(
-    store: c10d.Store,
-    key: str,
-    rank: int,
-    size: int,
-    value: str,
-    deadline: Deadline,
-    local_pids: Mapping[int, int],
-    prefix: str,
-    what: str,
-    bundles: Callable[[list[str]], Mapping[str, str]],
-    shared: bool = False,
-) -> tuple[list[str], str]:
-    """Every member tells rank 0 ``value``; rank 0 answers each with a bundle.
-
-    Members set ``key/{rank}`` and wait for their bundle key (``bundle_key``: their own,
-    or one for all when ``shared``); rank 0 collects every value (``collect``: one
-    ``multi_get``), calls ``bundles(values)`` (values in rank order, its own first) for
-    what to write (keys relative to the store; the bundles, as ``ok <bundle>``, among
-    them) and writes it all in one ``multi_set``.  Returns ``(values, "")`` on rank 0 and
-    ``([], bundle)`` on a member: O(1) store round trips and O(bundle) bytes per member,
-    O(N) bytes for rank 0 only.  Also a rendezvous: nobody passes before all arrived.
-    """
-    if rank == 0:
-        values = [value, *collect(store, key, size, deadline, local_pids, prefix, what, shared)]
-        out = bundles(values)
-        if out:
-            multi_set(store, list(out), list(out.values()))
-        return values, ""
-    store.set(f"{key}/{rank}", value)
-    mine = bundle_key(key, rank, shared)
-    wait_keys(store, {mine: 0}, deadline, local_pids, prefix, what)
-    published = store.get(mine).decode()
-    if not published.startswith("ok "):
-        raise failure_from(published, prefix, what)
-    return [], published[3:]
 
 
 def store_lost(
@@ -285,45 +218,6 @@ def failure_from(verdict: str, prefix: str, what: str) -> CommError:
     return error
 
 
-def rendezvous(
-    store: c10d.Store,
-    key: str,
-    rank: int,
-    size: int,
-    deadline: Deadline,
-    local_pids: Mapping[int, int],
-    prefix: str,
-    what: str,
-    ack: bool = False,
-) -> None:
-    """Every member reached this step, or every member raises naming who did not.
-
-    Rank 0 waits for every member's ``key/{rank}`` (a dead local member is named at once)
-    and publishes the verdict under ``key/all``; the others wait for it: O(1) store round
-    trips for them, O(N) checks for rank 0.  ``ack``: the members count themselves in
-    ``key/seen`` once they read the verdict (``members_detached`` waits for that).
-    """
-    if size == 1:
-        return
-    store.set(f"{key}/{rank}", "1")
-    if rank == 0:
-        try:
-            wait_keys(
-                store, {f"{key}/{r}": r for r in range(size)}, deadline, local_pids, prefix, what
-            )
-        except CommError as exc:
-            publish_failure(store, f"{key}/all", exc)
-            raise
-        store.set(f"{key}/all", "ok")
-        return
-    wait_keys(store, {f"{key}/all": 0}, deadline, local_pids, prefix, what)
-    verdict = store.get(f"{key}/all").decode()
-    if verdict != "ok":
-        raise failure_from(verdict, prefix, what)
-    if ack:
-        store.add(f"{key}/seen", 1)
-
-
 #: How long rank 0's finalize waits for members still reading the connect verdict.
 DETACH_WAIT_S = 2.0
 
@@ -389,47 +283,14 @@ def split_done(
         return
 
 
-def exchange_identities(
-    store: c10d.Store, rank: int, size: int, identity: str, deadline: Deadline, prefix: str
-) -> members_mod.Members:
-    """Who the members are (``cpu.members``): rank 0 reads every (host identity, pid) and
-    gives the members one O(1) bundle (``scatter``: O(1) round trips and bytes per member).
-
-    Rank 0 also writes the pid list of each host with several members, which those
-    members read only if they watch pids over tcp (``read_host_pids``); on shm they read
-    them from the segment."""
-    pid = os.getpid()
-    if size == 1:
-        return members_mod.Members(0, 1, members_mod.Placement("blocked", 1), {0: pid})
-    planned: list[members_mod.Members] = []
-
-    def bundles(values: list[str]) -> dict[str, str]:
-        identities, pids = [], []
-        for value in values:
-            host, _, text = value.rpartition("\n")
-            identities.append(host)
-            pids.append(int(text))
-        members, bundle, per_host = members_mod.plan(identities, pids)
-        planned.append(members)
-        out = {members_mod.host_pids_key(h): p for h, p in per_host.items()}
-        out[bundle_key("host", 0, shared=True)] = "ok " + bundle  # last: members wait on it
-        return out
-
-    mine = f"{identity}\n{pid}"
-    what = "the identity exchange"
-    _, bundle = scatter(
-        store, "host", rank, size, mine, deadline, {}, prefix, what, bundles, shared=True
-    )
-    return planned[0] if rank == 0 else members_mod.from_bundle(rank, size, bundle, pid)
-
-
 def read_host_pids(store: c10d.Store, members: members_mod.Members) -> None:
-    """Learn the pids of this rank's host's members (``host/pids/{h}``, written by rank 0;
-    one ``get`` of O(ranks on this host) bytes, none when this rank is alone on it)."""
+    """Learn the pids of this rank's host's members (``host/pids/<host>``, written by its
+    leader, ``cpu.leaders``; one ``get`` of O(ranks on this host) bytes, none when this
+    rank is alone on it)."""
     local = members.local_ranks()
     if members.local_pids_known():
         return
-    key = members_mod.host_pids_key(members.host(members.rank))
+    key = members_mod.host_pids_key(members.host_tag)
     members.learn(local, [int(p) for p in json.loads(store.get(key).decode())])
 
 

@@ -1,18 +1,19 @@
 """Who a CPU communicator's members are, as far as this rank needs to know: O(1) bytes each.
 
-Rank 0 reads every member's identity (host identity, pid) once, in one ``multi_get``, and
-gives the members one *bundle* (``plan``) instead of the whole list: where ranks sit on
-hosts in closed form (``Placement``: ``blocked L`` or ``cyclic H``, as launchers place
-them; an irregular placement as runs of host indices, O(hosts)), and rank 0's pid.  So a
-member reads O(1) bytes whatever the world size.  The pids of a member's own host (what
-local death detection watches) come separately, where they are needed:
+The identity exchange (``cpu.leaders``) meets through host leaders; rank 0 reads one
+summary per host and gives the members one *bundle* instead of the whole list: where
+ranks sit on hosts in closed form (``Placement``: ``blocked L`` or ``cyclic H``, as
+launchers place them; an irregular placement as runs of host indices, O(hosts)), and
+rank 0's pid.  So a member reads O(1) bytes whatever the world size.  The pids of a
+member's own host (what local death detection watches) come separately, where they are
+needed:
 
 * every member on one host (shm): from the shared segment, where rank 0 writes them
-  (``transport.shm.channel.pid_words``): no store bytes at all;
-* otherwise (tcp, hierarchical): ``host/pids/{h}``, this host's pids only (O(ranks per
-  host)), which rank 0 writes in the same ``multi_set`` as the bundle.
+  (``transport.shm.channel.pid_words``): no store bytes but rank 0's;
+* otherwise (tcp, hierarchical): ``host/pids/<host>``, this host's pids only (O(ranks per
+  host)), which its leader writes.
 
-Host identities never travel back: hosts are numbered in order of first appearance, and
+Host identities never travel back: hosts are numbered in order of their lowest rank, and
 ``peers()`` renders them as ``host{h}``.  Runs on the thread that creates the communicator.
 """
 
@@ -91,6 +92,8 @@ class Members:
     size: int
     placement: Placement
     pids: dict[int, int] = field(default_factory=dict)
+    #: This rank's host, as a store key's part (``cpu.leaders.host_tag``).
+    host_tag: str = ""
 
     def __post_init__(self) -> None:
         self._hosts = self.placement.hosts(self.size)
@@ -112,6 +115,13 @@ class Members:
         me = self._hosts[self.rank]
         return [r for r, h in enumerate(self._hosts) if h == me]
 
+    def leaders(self) -> list[int]:
+        """Each host's lowest rank (its leader at a rendezvous), in host order."""
+        first: dict[int, int] = {}
+        for r, h in enumerate(self._hosts):
+            first.setdefault(h, r)
+        return sorted(first.values())
+
     def local_pids_known(self) -> bool:
         return all(r in self.pids for r in self.local_ranks())
 
@@ -124,34 +134,15 @@ class Members:
         return [(f"host{h}", self.pids.get(r, 0)) for r, h in enumerate(self._hosts)]
 
 
-def host_pids_key(host: int) -> str:
-    """Where rank 0 writes the pids of one host's members (members spanning hosts only)."""
-    return f"host/pids/{host}"
+def host_pids_key(host_tag: str) -> str:
+    """Where a host's leader writes the pids of its members (hosts of several members)."""
+    return f"host/pids/{host_tag}"
 
 
-def plan(identities: Sequence[str], pids: Sequence[int]) -> tuple[Members, str, dict[int, str]]:
-    """Rank 0: ``(its Members, every member's bundle, host -> that host's pid list)``.
-
-    ``identities[r]``/``pids[r]``: what member ``r`` published.  The bundle is the same
-    for every member (O(1) bytes for launcher placements); pid lists are written for
-    hosts with several members, read only by members that watch pids over tcp.
-    """
-    index: dict[str, int] = {}
-    hosts = [index.setdefault(identity, len(index)) for identity in identities]
-    placement = Placement.of(hosts)
-    members = Members(0, len(hosts), placement, dict(enumerate(pids)))
-    bundle = json.dumps({"at": placement.encode(), "p0": pids[0]}, separators=(",", ":"))
-    grouped: dict[int, list[int]] = {}
-    for r, h in enumerate(hosts):
-        grouped.setdefault(h, []).append(pids[r])
-    per_host = {h: json.dumps(p) for h, p in grouped.items() if len(p) > 1}
-    return members, bundle, per_host
-
-
-def from_bundle(rank: int, size: int, bundle: str, pid: int) -> Members:
-    """A member's ``Members`` from rank 0's bundle (``plan``)."""
+def from_bundle(rank: int, size: int, bundle: str, pid: int, host_tag: str = "") -> Members:
+    """A member's ``Members`` from rank 0's bundle (``cpu.leaders``)."""
     value = json.loads(bundle)
-    members = Members(rank, size, Placement.decode(value["at"]), {rank: pid})
+    members = Members(rank, size, Placement.decode(value["at"]), {rank: pid}, host_tag)
     if members.host(0) == members.host(rank):
         members.pids[0] = int(value["p0"])
     return members

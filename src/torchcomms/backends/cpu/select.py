@@ -22,7 +22,7 @@ import torch._C._distributed_c10d as c10d
 
 from torchcomms import config
 from torchcomms.backends.cpu import connect as cpu_connect
-from torchcomms.backends.cpu import hier
+from torchcomms.backends.cpu import hier, leaders
 from torchcomms.backends.cpu.members import Members
 from torchcomms.backends.cpu.ops import CpuOps
 from torchcomms.backends.cpu.shm import ops as shm_ops
@@ -79,6 +79,8 @@ def open_transport(
     )
     prefix = cpu_connect.connect_prefix(name, rank)
     if _use_shm(mode, members, name):
+        if rank == 0:  # it writes every member's pid into the segment
+            cpu_connect.read_host_pids(store, members)
         collectives = shm_ops.open_collectives(
             c10d.PrefixStore("shm", store),
             rank,
@@ -100,15 +102,15 @@ def open_transport(
     lane_host = "127.0.0.1" if members.all_local else None
     listeners = [_Listener(store, lane_host, options.hints) for _ in range(3)]
     p2p_listener, lane_listener, watch_listener = listeners
-    # One scatter of the listeners' addresses (O(1) store round trips and bytes per rank):
-    # each member is told its successor's; the lane's handshakes pass on the rest of its
+    # The listeners' addresses (O(1) store round trips and bytes per rank): each member
+    # reads its successor's; the lane's handshakes pass on the rest of its
     # neighbours' (``transport.tcp.meet``); point-to-point peers are read at a pair's
     # first use.  Also where the members meet before gloo's connect: that holds the GIL
     # while it waits for a peer, so a member that died since the identity exchange is
     # named now.
     card = "|".join(listener.entry for listener in listeners)
     try:
-        successor = _successor_card(store, rank, size, card, deadline, local, prefix)
+        successor = _successor_card(store, members, card, deadline, local, prefix)
     except BaseException:
         for listener in listeners:
             listener.sock.close()
@@ -220,28 +222,19 @@ def _lane_address(card: str) -> tuple[str, int, str]:
 
 def _successor_card(
     store: c10d.Store,
-    rank: int,
-    size: int,
+    members: Members,
     card: str,
     deadline: Deadline,
     local: Mapping[int, int],
     prefix: str,
 ) -> str:
-    """Publish this rank's listeners (``card``); learn rank + 1's (``connect.scatter``: rank
-    0 reads every member's card once and writes each member its successor's)."""
+    """Publish this rank's listeners (``card``); once every member has (``cpu.leaders``:
+    through the host leaders), read rank + 1's: O(1) store round trips and bytes."""
     key = cpu_connect.LISTENERS
-
-    def bundles(values: list[str]) -> dict[str, str]:
-        out = {f"{key}/0": values[0]}  # the others set theirs: peers read it on demand
-        for r in range(1, size):
-            out[cpu_connect.bundle_key(key, r)] = "ok " + values[(r + 1) % size]
-        return out
-
+    store.set(f"{key}/{members.rank}", card)
     what = "the gloo connect"
-    values, bundle = cpu_connect.scatter(
-        store, key, rank, size, card, deadline, local, prefix, what, bundles
-    )
-    return values[1 % size] if rank == 0 else bundle
+    leaders.rendezvous(store, cpu_connect.LISTENERS_MET, members, deadline, local, prefix, what)
+    return store.get(f"{key}/{(members.rank + 1) % members.size}").decode()
 
 
 class _StoreAddresses:

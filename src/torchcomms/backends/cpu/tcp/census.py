@@ -47,9 +47,11 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from torchcomms.transport.errors import decode_ranks, encode_ranks
 
 #: How long a census may take, from the asker's timeout to its verdict.
 BUDGET_S = 1.5
@@ -84,26 +86,6 @@ def children(rank: int, size: int) -> list[int]:
     while d < span:
         out.append(rank + d)
         d *= 2
-    return out
-
-
-def encode_ranks(ranks: Iterable[int]) -> str:
-    """``1-4,9``: sorted ranks as ranges."""
-    runs: list[list[int]] = []
-    for r in sorted(set(ranks)):
-        if runs and runs[-1][1] == r - 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-
-
-def decode_ranks(text: str) -> set[int]:
-    out: set[int] = set()
-    for part in text.split(","):
-        if part:
-            first, _, last = part.partition("-")
-            out.update(range(int(first), int(last or first) + 1))
     return out
 
 

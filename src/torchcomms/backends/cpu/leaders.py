@@ -1,0 +1,263 @@
+"""Meeting through host leaders: rank 0 hears from one member per host, never from all.
+
+A communicator's connect meets three times on its store: the identity exchange (who is
+where), the listeners' rendezvous (tcp) and the final handshake.  Each meets in two
+levels, so a member makes O(1) store round trips with O(1) bytes, a host's leader
+O(ranks on its host) bytes, and rank 0 O(hosts) besides leading its own host:
+
+* **Identity exchange** (``exchange_identities``), before anyone knows the placement.
+  Rank 0 writes its rank and pid as number 0 of its host (``host/m/<host>/0``); any other
+  member takes a number on its host (``add host/n/<host>``) and writes under it.  The
+  first to take one signs its host in (``host/l/<i>``).  Every member then counts itself
+  in (``host/arrived``).  Once the count is full, each host's leader (rank 0 on its own
+  host, the holder of number 1 elsewhere) reads its host's entries in one ``multi_get``
+  and writes the host's ranks as ranges (``host/s/<host>``) and its pid list; rank 0 reads
+  the other hosts' summaries, plans the placement (``cpu.members``) and writes one bundle
+  for all (``host/all``), which every member reads.
+* **Rendezvous** (``rendezvous``), once the placement is known: a host's leader is its
+  lowest rank.  Members write ``key/{rank}``; each leader waits for its host's (a dead
+  member on its host is named at once) and writes ``key/h/{leader}``: ``ok`` or whom it
+  blames; rank 0 waits for the leaders' and publishes the verdict under ``key/all``.
+
+Failures: rank 0's verdict is what every member raises.  A leader's own wait ends at
+the deadline; rank 0 waits ``GRACE_S`` longer for the leaders' verdicts (so a member
+missing on another host is named, not its leader) and the members ``2 * GRACE_S``
+longer for rank 0's.  When members never arrive at the identity exchange, rank 0 names
+them by reading every entry (the failure path alone: O(N)).  Waits on the count poll it
+(an ``add`` of 0, counted with the polls by ``store_counts``).
+
+Runs on the thread that creates the communicator.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Mapping
+
+import torch._C._distributed_c10d as c10d
+
+from torchcomms.backends.cpu import connect as cpu_connect
+from torchcomms.backends.cpu.members import Members, Placement, from_bundle, host_pids_key
+from torchcomms.deadline import Deadline
+from torchcomms.errors import CommError, CommTimeoutError
+from torchcomms.transport.errors import decode_ranks, encode_ranks
+
+#: How much longer rank 0 waits for the leaders' verdicts than the leaders wait for
+#: their members (the members wait twice as much longer for rank 0's).
+GRACE_S = 1.0
+_IDENTITY = "the identity exchange"
+
+
+def host_tag(identity: str) -> str:
+    """A host identity as a store key's part (identities hold ``/`` and may be long)."""
+    return hashlib.sha1(identity.encode()).hexdigest()[:16]
+
+
+def _later(deadline: Deadline, by_s: float) -> Deadline:
+    return Deadline(deadline.timeout, deadline.end + by_s)
+
+
+def _wait_verdict(store: c10d.Store, key: str, deadline: Deadline, prefix: str, what: str) -> None:
+    """Wait for rank 0's verdict under ``key`` (``GRACE_S`` twice past ``deadline``)."""
+    later = _later(deadline, 2 * GRACE_S)
+    cpu_connect.wait_keys(store, {key: 0}, later, {}, prefix, what)
+    verdict = store.get(key).decode()
+    if verdict != "ok" and not verdict.startswith("ok "):
+        raise cpu_connect.failure_from(verdict, prefix, what)
+
+
+def _poll(store: c10d.Store, counter: str, size: int, verdict: str, deadline: Deadline) -> bool:
+    """Wait until ``counter`` reaches ``size`` (or ``verdict`` exists: False, as when the
+    deadline passes first)."""
+    pause = 0.001
+    while store.add(counter, 0) < size:
+        if store.check([verdict]) or deadline.passed():
+            return False
+        time.sleep(min(pause, max(deadline.left_s(), 0.0)))
+        pause = min(pause * 2, 0.05)
+    return True
+
+
+def exchange_identities(
+    store: c10d.Store, rank: int, size: int, identity: str, deadline: Deadline, prefix: str
+) -> Members:
+    """Who the members are (``cpu.members``), met through host leaders (module docstring)."""
+    pid = os.getpid()
+    tag = host_tag(identity)
+    if size == 1:
+        return Members(0, 1, Placement("blocked", 1), {0: pid}, tag)
+    verdict = "host/all"
+    if rank == 0:  # number 0 on its host, whose leader it is
+        store.set(f"host/m/{tag}/0", f"0 {pid}")
+        number = 0
+    else:
+        number = store.add(f"host/n/{tag}", 1)
+        store.set(f"host/m/{tag}/{number}", f"{rank} {pid}")
+        if number == 1:
+            store.set(f"host/l/{store.add('host/leaders', 1)}", tag)
+    store.add("host/arrived", 1)
+    if number <= 1:
+        wait = deadline if rank == 0 else _later(deadline, GRACE_S)
+        if not _poll(store, "host/arrived", size, verdict, wait):
+            if rank == 0:
+                error = _never_arrived(store, size, deadline, prefix)
+                cpu_connect.publish_failure(store, verdict, error)
+                raise error
+        elif rank == 0 or not store.check([f"host/m/{tag}/0"]):  # else rank 0 leads here
+            summary = _summarise_host(store, tag)
+            if rank == 0:
+                return _plan(store, tag, summary, pid, size, deadline, prefix)
+            cpu_connect.multi_set(store, *summary)
+    _wait_verdict(store, verdict, deadline, prefix, _IDENTITY)
+    return from_bundle(rank, size, store.get(verdict).decode()[3:], pid, tag)
+
+
+def _summarise_host(store: c10d.Store, tag: str) -> tuple[list[str], list[str]]:
+    """A leader: what to write of its host (keys, values): its ranks for rank 0
+    (``host/s/<host>``) and, for a host of several members, their pids."""
+    count = store.add(f"host/n/{tag}", 0)  # rank 0 holds number 0 where it leads
+    first = 0 if store.check([f"host/m/{tag}/0"]) else 1
+    entries = store.multi_get([f"host/m/{tag}/{i}" for i in range(first, count + 1)])
+    pairs = sorted(tuple(int(w) for w in bytes(e).decode().split()) for e in entries)
+    keys, values = [f"host/s/{tag}"], [encode_ranks(r for r, _ in pairs)]
+    if len(pairs) > 1:
+        keys.append(host_pids_key(tag))
+        values.append(json.dumps([p for _, p in pairs]))
+    return keys, values
+
+
+def _plan(
+    store: c10d.Store,
+    tag: str,
+    summary: tuple[list[str], list[str]],
+    pid: int,
+    size: int,
+    deadline: Deadline,
+    prefix: str,
+) -> Members:
+    """Rank 0: the placement from every host's summary (its own host's in hand); one
+    bundle for all, written with its host's pid list."""
+    verdict = "host/all"
+    count = store.add("host/leaders", 0)
+    tags = (
+        [bytes(t).decode() for t in store.multi_get([f"host/l/{i}" for i in range(1, count + 1)])]
+        if count
+        else []
+    )
+    keys = [f"host/s/{t}" for t in tags if t != tag]
+    if keys and not _poll_all(store, keys, deadline):
+        error = _never_arrived(store, size, deadline, prefix)
+        cpu_connect.publish_failure(store, verdict, error)
+        raise error
+    texts = [summary[1][0], *(bytes(v).decode() for v in (store.multi_get(keys) if keys else []))]
+    hosts = [-1] * size
+    for h, ranks in enumerate(sorted((sorted(decode_ranks(t)) for t in texts), key=min)):
+        for r in ranks:
+            if not 0 <= r < size or hosts[r] != -1:
+                raise CommError(f"{prefix}rank {r} was claimed twice in {_IDENTITY}")
+            hosts[r] = h
+    placement = Placement.of(hosts)
+    bundle = json.dumps({"at": placement.encode(), "p0": pid}, separators=(",", ":"))
+    out_keys, out_values = summary[0][1:], summary[1][1:]  # this host's pids, if several
+    cpu_connect.multi_set(store, [*out_keys, verdict], [*out_values, "ok " + bundle])
+    return Members(0, size, placement, {0: pid}, tag)
+
+
+def _poll_all(store: c10d.Store, keys: list[str], deadline: Deadline) -> bool:
+    pause = 0.001
+    while not store.check(keys):
+        if deadline.passed(GRACE_S):
+            return False
+        time.sleep(0.001 + min(pause, 0.05))
+        pause *= 2
+    return True
+
+
+def _never_arrived(store: c10d.Store, size: int, deadline: Deadline, prefix: str) -> CommError:
+    """Rank 0, on the failure path: which ranks wrote no entry (reads them all: O(N))."""
+    seen: set[int] = set()
+    tags = [
+        store.get(f"host/l/{i}").decode()
+        for i in range(1, store.add("host/leaders", 0) + 1)
+        if store.check([f"host/l/{i}"])
+    ]
+    for tag in tags:
+        for n in range(store.add(f"host/n/{tag}", 0) + 1):
+            key = f"host/m/{tag}/{n}"
+            if store.check([key]):
+                seen.add(int(store.get(key).decode().split()[0]))
+    seen.add(0)
+    missing = sorted(set(range(size)) - seen)
+    if missing:
+        return cpu_connect.timed_out(prefix, deadline, _IDENTITY, missing, "never arrived")
+    error = CommTimeoutError(
+        f"{prefix}timed out after {deadline.timeout.total_seconds():g} s in {_IDENTITY}: "
+        "a member wrote its identity but never counted itself in (it died meanwhile?)"
+    )
+    error.ranks = ()
+    return error
+
+
+def rendezvous(
+    store: c10d.Store,
+    key: str,
+    members: Members,
+    deadline: Deadline,
+    local_pids: Mapping[int, int],
+    prefix: str,
+    what: str,
+    ack: bool = False,
+) -> None:
+    """Every member reached this step, or every member raises naming who did not (module
+    docstring).  ``ack``: the members count themselves in ``key/seen`` once they read the
+    verdict (``connect.members_detached`` waits for that)."""
+    rank, size = members.rank, members.size
+    if size == 1:
+        return
+    here = members.local_ranks()
+    if rank != here[0]:
+        store.set(f"{key}/{rank}", "1")
+    else:
+        mine = {f"{key}/{r}": r for r in here if r != rank}
+        try:
+            cpu_connect.wait_keys(store, mine, deadline, local_pids, prefix, what)
+        except CommError as exc:
+            cpu_connect.publish_failure(
+                store, f"{key}/all" if rank == 0 else f"{key}/h/{rank}", exc
+            )
+            raise
+        if rank != 0:
+            store.set(f"{key}/h/{rank}", "ok")
+    if rank == 0:
+        _hear_leaders(store, key, members, deadline, local_pids, prefix, what)
+        return
+    _wait_verdict(store, f"{key}/all", deadline, prefix, what)
+    if ack:
+        store.add(f"{key}/seen", 1)
+
+
+def _hear_leaders(
+    store: c10d.Store,
+    key: str,
+    members: Members,
+    deadline: Deadline,
+    local_pids: Mapping[int, int],
+    prefix: str,
+    what: str,
+) -> None:
+    """Rank 0: every other host's leader's verdict, then the verdict for all."""
+    leaders = {f"{key}/h/{r}": r for r in members.leaders() if r != 0}
+    try:
+        cpu_connect.wait_keys(store, leaders, _later(deadline, GRACE_S), local_pids, prefix, what)
+        if leaders:
+            for value in store.multi_get(list(leaders)):
+                said = bytes(value).decode()
+                if said != "ok":
+                    raise cpu_connect.failure_from(said, prefix, what)
+    except CommError as exc:
+        cpu_connect.publish_failure(store, f"{key}/all", exc)
+        raise
+    store.set(f"{key}/all", "ok")
