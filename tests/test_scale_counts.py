@@ -45,6 +45,7 @@ DIGITS_SLACK = 24
 #: host signs it in (an ``add`` and a ``set``).
 ROLE_OPS = 2
 ROLE_BYTES = 64
+ENV = {"TORCHCOMM_STORE_COUNTS": "1", "TORCHCOMM_GLOO_HOSTNAME": "127.0.0.1"}
 
 
 def _count(call: Any) -> tuple[Any, dict[str, int]]:
@@ -104,8 +105,7 @@ def _new_comm_and_shrink(ctx: RankContext, hints: dict[str, str]) -> dict[str, A
 @pytest.mark.parametrize("case", list(CASES))
 def test_store_ops_and_bytes_per_member_do_not_grow_with_the_world(case: str) -> None:
     hints, sizes, per_host = CASES[case]
-    env = {"TORCHCOMM_STORE_COUNTS": "1", "TORCHCOMM_GLOO_HOSTNAME": "127.0.0.1"}
-    got = {n: run_ranks(_phases, n, hints, per_host, timeout=90, env=env) for n in sizes}
+    got = {n: run_ranks(_phases, n, hints, per_host, timeout=90, env=ENV) for n in sizes}
     for n, results in got.items():
         expected = case.split("_")[0]
         assert all(r["transport"].startswith(expected) for r in results), (n, results)
@@ -139,6 +139,44 @@ def test_store_ops_and_bytes_per_member_do_not_grow_with_the_world(case: str) ->
         for n, value in moved.items():
             grown = value - moved[smallest]
             assert abs(grown) <= DIGITS_SLACK + ROLE_BYTES, (case, name, moved, n, grown)
+
+
+def _rank0_apart(ctx: RankContext) -> dict[str, Any]:
+    """Rank 0 alone on its simulated host, every other rank on a second one."""
+    os.environ["TORCHCOMM_HOST_ID"] = "simulated-host-0" if ctx.rank == 0 else "simulated-host-1"
+    try:
+        comm, made = _count(
+            lambda: new_comm(
+                "gloo",
+                torch.device("cpu"),
+                name="apart",
+                store=ctx.store,
+                timeout=timedelta(seconds=60),
+                # The comm keeps the given store: the private store's meeting
+                # (``bootstrap``) is another step, whose rank 0 reads every join.
+                hints={"lazy": "true", "persistent_store": "1"},
+            )
+        )
+        t = torch.ones(2)
+        comm.all_reduce(t, ReduceOp.SUM, False)
+        assert int(t[0]) == ctx.world_size
+        transport = comm.get_backend_impl().transport  # type: ignore[attr-defined]
+        comm.finalize()
+    finally:
+        os.environ.pop("TORCHCOMM_HOST_ID", None)
+    return {**made, "transport": transport}
+
+
+def test_rank_0_hears_from_each_host_leader_not_from_each_member() -> None:
+    """``cpu.leaders``: with rank 0 alone on its host and the rest on another, rank 0's
+    store round trips and bytes stay the same as that host fills up: it hears from the
+    host's leader, never from its members."""
+    got = {n: run_ranks(_rank0_apart, n, timeout=90, env=ENV) for n in (3, 4)}
+    for results in got.values():
+        assert all(r["transport"].startswith("hier") for r in results), results
+    rank0 = {n: results[0]["bytes"] for n, results in got.items()}
+    assert abs(rank0[4] - rank0[3]) <= DIGITS_SLACK, got
+    assert got[3][0]["ops"] == got[4][0]["ops"], got
 
 
 @pytest.mark.parametrize(

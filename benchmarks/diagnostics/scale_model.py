@@ -25,15 +25,15 @@
    ``bytes_rank0``, ``bytes_others_max``, ...; any file of ``--counts`` that has them, any
    transport in it), per transport and phase (``new_comm``, ``split``, ``reconfigure``):
    a member's round trips (the largest other than rank 0) as a constant, its bytes as
-   a + b*ceil(log2 N) (a tcp member is handed its ceil(log2 N) lane neighbours'
-   addresses), each with the data's largest relative deviation from a pure constant;
-   rank 0's round trips as a constant and its bytes as a member's + (N - 1) * (a +
-   b*ceil(log2 N)) (it reads every member's
-   identity in one ``multi_get`` and writes their bundles in one ``multi_set``).  Projects
-   at 1k/10k/100k the total round trips and bytes, the store's busy time, rank 0's own
-   serial time (its ``multi_get`` of N keys and ``multi_set`` of N bundles: its bytes over
-   the bandwidth plus 2 round trips), and checks bootstrap (``new_comm``) against 60 s at
-   100,000 ranks: if it misses, the store throughput (ops/s) it would need.
+   a + b*ceil(log2 N) (b comes out about 0 since the lane's handshakes carry the
+   neighbours' addresses), each with the data's largest relative deviation from a pure
+   constant; rank 0's round trips as a constant and its bytes as a member's + a + c*(U - 1),
+   U the units it hears from (``backends/cpu/leaders.py``): the hosts' leaders (N / ranks
+   per host), or every member when they share one host.  Projects at 1k/10k/100k (with
+   the counts' ranks per host) the total round trips and bytes, the store's busy time,
+   rank 0's own serial time (its bytes over the bandwidth plus 2 round trips), and checks
+   bootstrap (``new_comm``) against 60 s at 100,000 ranks: if it misses, the store
+   throughput (ops/s) it would need.
 5. "Naming the missing" (a timed-out op naming the ranks that never entered it): the
    design before (every member published its sequence number, the comm's publishes
    capped at 5,000/s; the timed-out rank waited two periods and read all N in one
@@ -284,11 +284,14 @@ def fit_member(rows: dict[str, Any], transport: str, phase: str) -> dict[str, An
     b0 = [float(r["bytes_rank0"]) for r in row]
     logs = [float(_clog2(n)) for n in kept]
     a_mb, b_mb = _fit_line(logs, mb)
-    # Rank 0 does what a member does, plus some bytes for each other member (it reads its
-    # identity, writes its bundle), which grow like a member's with the neighbours'
-    # addresses in each bundle.
-    per_member0 = [(b - m) / (n - 1) for b, m, n in zip(b0, mb, kept, strict=True)]
-    a_b0, c_b0 = _fit_line(logs, per_member0)
+    # Rank 0 does what a member does, plus what it hears from each other host's leader
+    # and, as its own host's leader, from each member there (``backends/cpu/leaders.py``):
+    # fitted against the units it hears from, U - 1 (U: the hosts, or the members when
+    # they share one host), the intercept holding its own host's share.
+    per_host = int(rows[f"{transport}/{kept[-1]}/{phase}"].get("ranks_per_host") or 0)
+    units = [float(_units(n, per_host, phase) - 1) for n in kept]
+    extra0 = [b - m for b, m in zip(b0, mb, strict=True)]
+    a_b0, c_b0 = _fit_line(units, extra0)
     return {
         "transport_got": want,
         "transport": rows[f"{transport}/{kept[-1]}/{phase}"].get("transport"),
@@ -307,12 +310,23 @@ def fit_member(rows: dict[str, Any], transport: str, phase: str) -> dict[str, An
         "bytes_member_fit_residual": round(_residual(logs, mb, a_mb, b_mb), 4),
         "bytes_member_deviation": round(_deviation(mb), 4),
         "bytes_rank0_measured": [round(v) for v in b0],
-        "bytes_rank0_per_member_a": round(a_b0, 1),
-        "bytes_rank0_per_member_b_per_log2n": round(c_b0, 2),
-        "bytes_rank0_fit": f"member + (N - 1) * ({a_b0:.0f} + {c_b0:.1f} * ceil(log2 N))",
-        "bytes_rank0_fit_residual": round(_residual(logs, per_member0, a_b0, c_b0), 4),
+        "ranks_per_host": per_host,
+        "bytes_rank0_a": round(a_b0, 1),
+        "bytes_rank0_per_unit": round(c_b0, 2),
+        "bytes_rank0_fit": f"member + {a_b0:.0f} + {c_b0:.1f} * (U - 1)",
+        "bytes_rank0_units": "U: hosts (N / ranks per host), or N on one host",
+        "bytes_rank0_fit_residual": round(_residual(units, extra0, a_b0, c_b0), 4),
         "bytes_rank0_deviation": round(_deviation(b0), 4),
     }
+
+
+def _units(n: int, per_host: int, phase: str) -> int:
+    """Whom rank 0 hears from at ``n`` ranks: each host's leader, or every member when
+    they share one host (``per_host`` 0); a shrink has one rank less."""
+    size = n - 1 if phase == "shrink" else n
+    if per_host <= 0:
+        return size
+    return max(math.ceil(size / per_host), 1)
 
 
 def project_member(model: dict[str, Any], store: dict[str, float]) -> dict[str, Any]:
@@ -329,9 +343,9 @@ def project_member(model: dict[str, Any], store: dict[str, float]) -> dict[str, 
     out: dict[str, Any] = {}
     for n in PROJECT:
         member_bytes = model["bytes_member_a"] + model["bytes_member_b_per_log2n"] * _clog2(n)
-        rank0_bytes = member_bytes + (n - 1) * (
-            model["bytes_rank0_per_member_a"]
-            + model["bytes_rank0_per_member_b_per_log2n"] * _clog2(n)
+        units = _units(n, model["ranks_per_host"], "new_comm")
+        rank0_bytes = member_bytes + model["bytes_rank0_a"] + model["bytes_rank0_per_unit"] * (
+            units - 1
         )
         round_trips = (n - 1) * model["round_trips_member"] + model["round_trips_rank0"]
         total_bytes = (n - 1) * member_bytes + rank0_bytes
@@ -342,6 +356,7 @@ def project_member(model: dict[str, Any], store: dict[str, float]) -> dict[str, 
         out[str(n)] = {
             "round_trips_total": round(round_trips),
             "bytes_member": round(member_bytes),
+            "hosts_rank0_hears_from": units,
             "bytes_rank0": round(rank0_bytes),
             "bytes_total": round(total_bytes),
             "store_busy_s": round(busy, 3),
@@ -512,9 +527,9 @@ def _print_member(label: str, entry: dict[str, Any]) -> None:
             f"from the fit {m['bytes_member_fit_residual']:.1%})"
         )
         print(
-            f"    bytes of rank 0 member + (N-1) * (a + b*ceil(log2 N)): a = {m['bytes_rank0_per_member_a']:g}, "
-            f"b = {m['bytes_rank0_per_member_b_per_log2n']:g} (measured {m['bytes_rank0_measured']}, "
-            f"per member from the fit {m['bytes_rank0_fit_residual']:.1%})"
+            f"    bytes of rank 0 {m['bytes_rank0_fit']} ({m['bytes_rank0_units']}; "
+            f"measured {m['bytes_rank0_measured']}, largest deviation from the fit "
+            f"{m['bytes_rank0_fit_residual']:.1%})"
         )
         for n, row in m["projection"].items():
             verdict = ""

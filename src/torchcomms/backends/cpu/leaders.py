@@ -53,7 +53,7 @@ _IDENTITY = "the identity exchange"
 
 def host_tag(identity: str) -> str:
     """A host identity as a store key's part (identities hold ``/`` and may be long)."""
-    return hashlib.sha1(identity.encode()).hexdigest()[:16]
+    return hashlib.sha1(identity.encode(), usedforsecurity=False).hexdigest()[:16]
 
 
 def _later(deadline: Deadline, by_s: float) -> Deadline:
@@ -149,7 +149,12 @@ def _plan(
     )
     keys = [f"host/s/{t}" for t in tags if t != tag]
     if keys and not _poll_all(store, keys, deadline):
-        error = _never_arrived(store, size, deadline, prefix)
+        # A leader counted itself in, then never summarised its host: name it.
+        late = [t for t in tags if t != tag and not store.check([f"host/s/{t}"])]
+        ranks = [int(store.get(f"host/m/{t}/1").decode().split()[0]) for t in late]
+        error = cpu_connect.timed_out(
+            prefix, deadline, _IDENTITY, ranks, "never summarised its host"
+        )
         cpu_connect.publish_failure(store, verdict, error)
         raise error
     texts = [summary[1][0], *(bytes(v).decode() for v in (store.multi_get(keys) if keys else []))]
@@ -210,18 +215,22 @@ def rendezvous(
     prefix: str,
     what: str,
     ack: bool = False,
+    posted: str | None = None,
 ) -> None:
     """Every member reached this step, or every member raises naming who did not (module
     docstring).  ``ack``: the members count themselves in ``key/seen`` once they read the
-    verdict (``connect.members_detached`` waits for that)."""
+    verdict (``connect.members_detached`` waits for that).  ``posted``: every member
+    already wrote ``{posted}/{rank}`` (what it brings): that is its arrival."""
     rank, size = members.rank, members.size
     if size == 1:
         return
     here = members.local_ranks()
+    arrival = key if posted is None else posted
     if rank != here[0]:
-        store.set(f"{key}/{rank}", "1")
+        if posted is None:
+            store.set(f"{key}/{rank}", "1")
     else:
-        mine = {f"{key}/{r}": r for r in here if r != rank}
+        mine = {f"{arrival}/{r}": r for r in here if r != rank}
         try:
             cpu_connect.wait_keys(store, mine, deadline, local_pids, prefix, what)
         except CommError as exc:

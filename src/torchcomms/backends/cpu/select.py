@@ -233,7 +233,9 @@ def _successor_card(
     key = cpu_connect.LISTENERS
     store.set(f"{key}/{members.rank}", card)
     what = "the gloo connect"
-    leaders.rendezvous(store, cpu_connect.LISTENERS_MET, members, deadline, local, prefix, what)
+    leaders.rendezvous(
+        store, cpu_connect.LISTENERS_MET, members, deadline, local, prefix, what, posted=key
+    )
     return store.get(f"{key}/{(members.rank + 1) % members.size}").decode()
 
 
