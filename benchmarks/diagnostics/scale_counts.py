@@ -10,7 +10,7 @@ past 2 cores: counts, not times, are the measure) and the store is served by a p
 of its own.  With ``TORCHCOMM_STORE_COUNTS=1`` every store operation of the comms is
 counted (``torchcomms.store_counts``: ours and gloo's).  Per rank and phase it records:
 
-* store operations by kind; ``polls`` are the ``check`` calls waits poll with,
+* store operations by kind; ``polls`` are the ``check`` calls and counter reads waits poll with,
   ``liveness`` the liveness watcher's publishes (both depend on timing), ``ops`` the rest
   (the operations that move keys);
 * bytes (``bytes_out`` + ``bytes_in``: every operation's but the timing-dependent ones)
@@ -66,12 +66,16 @@ import torch.distributed as dist
 from _doc import write_doc
 from _store_server import served_store
 
+from torchcomms import store_counts
+
 PHASES = ("new_comm", "all_reduce", "all_to_all", "ops_loop", "split", "reconfigure", "shrink")
 #: How long the ``ops_loop`` phase runs small all_reduces.
 OPS_SECONDS = 2.0
-#: Kinds whose number depends on timing (``store_counts.TIMED_KINDS``): waits' polls and
+#: Kinds whose number depends on timing: waits' polls (``check``, ``read_counter``) and
 #: the liveness watcher's publishes.  Not ``ops``.
-TIMED_KINDS = ("check", "liveness")
+TIMED_KINDS = store_counts.TIMED_KINDS
+#: How waits poll (``polls``).
+POLL_KINDS = tuple(k for k in TIMED_KINDS if k != "liveness")
 #: Counters that are bytes, not operations.
 BYTE_KEYS = ("bytes_out", "bytes_in", "poll_bytes")
 #: Ranks per simulated host when ``--ranks-per-host`` is 0: 0 is one real host (no
@@ -144,7 +148,6 @@ def _rank(rank: int, world: int, port: int, transport: str, ranks_per_host: int,
         os.environ["TORCHCOMM_HOST_ID"] = host
         os.environ["TORCHCOMM_GLOO_HOSTNAME"] = "127.0.0.1"
     import torchcomms
-    from torchcomms import store_counts
 
     store = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=300))
     cpu = torch.device("cpu")
@@ -287,7 +290,7 @@ def _short(transport: str | None) -> str:
 def _summary(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     """One phase over every rank that ran it; ``rank0`` figures are the largest of the
     phase comm's rank 0s (two for a split into halves), ``others`` the members'."""
-    polls = [row["store"].get("check", 0) for row in per_rank]
+    polls = [sum(row["store"].get(k, 0) for k in POLL_KINDS) for row in per_rank]
     liveness = [row["store"].get("liveness", 0) for row in per_rank]
     counts = [_ops(row["store"]) for row in per_rank]
     nbytes = [_bytes(row["store"]) for row in per_rank]

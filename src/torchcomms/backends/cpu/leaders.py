@@ -60,13 +60,15 @@ def _later(deadline: Deadline, by_s: float) -> Deadline:
     return Deadline(deadline.timeout, deadline.end + by_s)
 
 
-def _wait_verdict(store: c10d.Store, key: str, deadline: Deadline, prefix: str, what: str) -> None:
-    """Wait for rank 0's verdict under ``key`` (``GRACE_S`` twice past ``deadline``)."""
+def _wait_verdict(store: c10d.Store, key: str, deadline: Deadline, prefix: str, what: str) -> str:
+    """Rank 0's verdict under ``key`` (waited for ``GRACE_S`` twice past ``deadline``):
+    what follows its ``ok``, or raise the failure it says."""
     later = _later(deadline, 2 * GRACE_S)
     cpu_connect.wait_keys(store, {key: 0}, later, {}, prefix, what)
     verdict = store.get(key).decode()
     if verdict != "ok" and not verdict.startswith("ok "):
         raise cpu_connect.failure_from(verdict, prefix, what)
+    return verdict[3:]
 
 
 def _poll(store: c10d.Store, counter: str, size: int, verdict: str, deadline: Deadline) -> bool:
@@ -111,8 +113,8 @@ def exchange_identities(
             if rank == 0:
                 return _plan(store, tag, summary, pid, size, deadline, prefix)
             cpu_connect.multi_set(store, *summary)
-    _wait_verdict(store, verdict, deadline, prefix, _IDENTITY)
-    return from_bundle(rank, size, store.get(verdict).decode()[3:], pid, tag)
+    bundle = _wait_verdict(store, verdict, deadline, prefix, _IDENTITY)
+    return from_bundle(rank, size, bundle, pid, tag)
 
 
 def _summarise_host(store: c10d.Store, tag: str) -> tuple[list[str], list[str]]:
