@@ -42,8 +42,9 @@ CASES: dict[str, tuple[dict[str, str], tuple[int, ...], int]] = {
 #: and pids in keys and values.
 DIGITS_SLACK = 24
 #: What a member's draw in the identity exchange adds (``cpu.leaders``): the first on its
-#: host signs it in (an ``add`` and a ``set``).
-ROLE_OPS = 2
+#: host signs it in (an ``add``) and, past one member, summarises it (a ``multi_get`` and
+#: a ``multi_set``).
+ROLE_OPS = 3
 ROLE_BYTES = 64
 ENV = {"TORCHCOMM_STORE_COUNTS": "1", "TORCHCOMM_GLOO_HOSTNAME": "127.0.0.1"}
 
@@ -126,7 +127,8 @@ def test_store_ops_and_bytes_per_member_do_not_grow_with_the_world(case: str) ->
         # Every size the same: rank 0 hears from host leaders, not from every member.  A
         # member's count depends on its draw (``cpu.leaders``: the first on a host signs
         # it in), never on N.
-        assert len(set(leads.values())) == 1, (name, rows)
+        # Rank 0 reads its host's entries past the first only when there are any.
+        assert max(leads.values()) - min(leads.values()) <= 1, (name, rows)
         assert max(members.values()) - min(members.values()) <= ROLE_OPS, (name, rows)
         if case.endswith("eager"):
             continue  # gloo's eager keys hold an address per pair: O(N) bytes per member

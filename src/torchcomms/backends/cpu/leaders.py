@@ -6,14 +6,17 @@ levels, so a member makes O(1) store round trips with O(1) bytes, a host's leade
 O(ranks on its host) bytes, and rank 0 O(hosts) besides leading its own host:
 
 * **Identity exchange** (``exchange_identities``), before anyone knows the placement.
-  Rank 0 writes its rank and pid as number 0 of its host (``host/m/<host>/0``); any other
-  member takes a number on its host (``add host/n/<host>``) and writes under it.  The
-  first to take one signs its host in (``host/l/<i>``).  Every member then counts itself
-  in (``host/arrived``).  Once the count is full, each host's leader (rank 0 on its own
+  Rank 0 writes its rank and pid as number 0 of its host (``host/m/<host>/0``).  Any other
+  member takes a number on its host (``add host/n/<host>``): the first signs its host in
+  with its own entry (``host/l/<i>``, ``i`` from ``add host/signed``), the others write
+  theirs under their numbers.  Then every member counts itself in (``host/arrived``).
+  Once the count is full, each leader of a host of several members (rank 0 on its own
   host, the holder of number 1 elsewhere) reads its host's entries in one ``multi_get``
-  and writes the host's ranks as ranges (``host/s/<host>``) and its pid list; rank 0 reads
-  the other hosts' summaries, plans the placement (``cpu.members``) and writes one bundle
-  for all (``host/all``), which every member reads.
+  and writes the host's ranks as ranges (``host/s/<host>``) and its pid list; rank 0
+  reads the sign-ins and the hosts' counts (a host of one needs nothing more), then the
+  summaries, plans the placement (``cpu.members``) and writes one bundle for all
+  (``host/all``), which every member reads.  A member: 4 round trips; a host's first:
+  one more; a leader of several: two more.
 * **Rendezvous** (``rendezvous``), once the placement is known: a host's leader is its
   lowest rank.  Members write ``key/{rank}``; each leader waits for its host's (a dead
   member on its host is named at once) and writes ``key/h/{leader}``: ``ok`` or whom it
@@ -49,6 +52,11 @@ from torchcomms.transport.errors import decode_ranks, encode_ranks
 #: their members (the members wait twice as much longer for rank 0's).
 GRACE_S = 1.0
 _IDENTITY = "the identity exchange"
+#: Where the members count themselves in, and the hosts' first members sign them in.
+_ARRIVED = "host/arrived"
+_HOSTS = "host/signed"
+#: Where rank 0 writes the bundle (or whom it blames).
+_VERDICT = "host/all"
 
 
 def host_tag(identity: str) -> str:
@@ -71,11 +79,11 @@ def _wait_verdict(store: c10d.Store, key: str, deadline: Deadline, prefix: str, 
     return verdict[3:]
 
 
-def _poll(store: c10d.Store, counter: str, size: int, verdict: str, deadline: Deadline) -> bool:
-    """Wait until ``counter`` reaches ``size`` (or ``verdict`` exists: False, as when the
-    deadline passes first)."""
+def _poll(store: c10d.Store, size: int, verdict: str, deadline: Deadline) -> bool:
+    """Wait until every member counted itself in (or ``verdict`` exists: False, as when
+    the deadline passes first)."""
     pause = 0.001
-    while store.add(counter, 0) < size:
+    while store.add(_ARRIVED, 0) < size:
         if store.check([verdict]) or deadline.passed():
             return False
         time.sleep(min(pause, max(deadline.left_s(), 0.0)))
@@ -91,39 +99,44 @@ def exchange_identities(
     tag = host_tag(identity)
     if size == 1:
         return Members(0, 1, Placement("blocked", 1), {0: pid}, tag)
-    verdict = "host/all"
     if rank == 0:  # number 0 on its host, whose leader it is
         store.set(f"host/m/{tag}/0", f"0 {pid}")
+        store.add(_ARRIVED, 1)
         number = 0
     else:
         number = store.add(f"host/n/{tag}", 1)
-        store.set(f"host/m/{tag}/{number}", f"{rank} {pid}")
-        if number == 1:
-            store.set(f"host/l/{store.add('host/leaders', 1)}", tag)
-    store.add("host/arrived", 1)
+        if number == 1:  # its host's first: sign the host in, with this member's entry
+            store.set(f"host/l/{store.add(_HOSTS, 1)}", f"{tag} {rank} {pid}")
+        else:
+            store.set(f"host/m/{tag}/{number}", f"{rank} {pid}")
+        store.add(_ARRIVED, 1)  # last: whoever sees the count full finds every entry
     if number <= 1:
         wait = deadline if rank == 0 else _later(deadline, GRACE_S)
-        if not _poll(store, "host/arrived", size, verdict, wait):
+        if not _poll(store, size, _VERDICT, wait):
             if rank == 0:
                 error = _never_arrived(store, size, deadline, prefix)
-                cpu_connect.publish_failure(store, verdict, error)
+                cpu_connect.publish_failure(store, _VERDICT, error)
                 raise error
-        elif rank == 0 or not store.check([f"host/m/{tag}/0"]):  # else rank 0 leads here
-            summary = _summarise_host(store, tag)
-            if rank == 0:
-                return _plan(store, tag, summary, pid, size, deadline, prefix)
-            cpu_connect.multi_set(store, *summary)
-    bundle = _wait_verdict(store, verdict, deadline, prefix, _IDENTITY)
+        elif rank == 0:
+            return _plan(store, tag, pid, size, deadline, prefix)
+        elif not store.check([f"host/m/{tag}/0"]):  # else rank 0 leads this host
+            count = store.add(f"host/n/{tag}", 0)
+            if count > 1:  # a host of one: rank 0 has all it needs from the sign-in
+                cpu_connect.multi_set(store, *_host_summary(store, tag, count, [(rank, pid)]))
+    bundle = _wait_verdict(store, _VERDICT, deadline, prefix, _IDENTITY)
     return from_bundle(rank, size, bundle, pid, tag)
 
 
-def _summarise_host(store: c10d.Store, tag: str) -> tuple[list[str], list[str]]:
-    """A leader: what to write of its host (keys, values): its ranks for rank 0
-    (``host/s/<host>``) and, for a host of several members, their pids."""
-    count = store.add(f"host/n/{tag}", 0)  # rank 0 holds number 0 where it leads
-    first = 0 if store.check([f"host/m/{tag}/0"]) else 1
-    entries = store.multi_get([f"host/m/{tag}/{i}" for i in range(first, count + 1)])
-    pairs = sorted(tuple(int(w) for w in bytes(e).decode().split()) for e in entries)
+def _host_summary(
+    store: c10d.Store, tag: str, count: int, known: list[tuple[int, int]]
+) -> tuple[list[str], list[str]]:
+    """A leader: what to write of its host (keys, values): its ranks as ranges for rank 0
+    (``host/s/<host>``) and, for a host of several members, their pids in rank order.
+    ``known``: the (rank, pid) of numbers 0 and 1; the others' are read (numbers 2..count).
+    """
+    numbers = [f"host/m/{tag}/{i}" for i in range(2, count + 1)]
+    entries = [bytes(e).decode().split() for e in store.multi_get(numbers)] if numbers else []
+    pairs = sorted([*known, *((int(r), int(p)) for r, p in entries)])
     keys, values = [f"host/s/{tag}"], [encode_ranks(r for r, _ in pairs)]
     if len(pairs) > 1:
         keys.append(host_pids_key(tag))
@@ -132,45 +145,56 @@ def _summarise_host(store: c10d.Store, tag: str) -> tuple[list[str], list[str]]:
 
 
 def _plan(
-    store: c10d.Store,
-    tag: str,
-    summary: tuple[list[str], list[str]],
-    pid: int,
-    size: int,
-    deadline: Deadline,
-    prefix: str,
+    store: c10d.Store, tag: str, pid: int, size: int, deadline: Deadline, prefix: str
 ) -> Members:
-    """Rank 0: the placement from every host's summary (its own host's in hand); one
-    bundle for all, written with its host's pid list."""
-    verdict = "host/all"
-    count = store.add("host/leaders", 0)
-    tags = (
-        [bytes(t).decode() for t in store.multi_get([f"host/l/{i}" for i in range(1, count + 1)])]
-        if count
-        else []
+    """Rank 0, once every member counted itself in: every host's ranks (a host of one from
+    its sign-in, its own host's from the entries, the others' from their leaders'
+    summaries), the placement, and one bundle for all."""
+    signins = [f"host/l/{i}" for i in range(1, store.add(_HOSTS, 0) + 1)]
+    signed = [bytes(v).decode().split() for v in store.multi_get(signins)] if signins else []
+    counts = (
+        [int(c) for c in store.multi_get([f"host/n/{t}" for t, _, _ in signed])] if signed else []
     )
-    keys = [f"host/s/{t}" for t in tags if t != tag]
-    if keys and not _poll_all(store, keys, deadline):
-        # A leader counted itself in, then never summarised its host: name it.
-        late = [t for t in tags if t != tag and not store.check([f"host/s/{t}"])]
-        ranks = [int(store.get(f"host/m/{t}/1").decode().split()[0]) for t in late]
-        error = cpu_connect.timed_out(
-            prefix, deadline, _IDENTITY, ranks, "never summarised its host"
-        )
-        cpu_connect.publish_failure(store, verdict, error)
-        raise error
-    texts = [summary[1][0], *(bytes(v).decode() for v in (store.multi_get(keys) if keys else []))]
+    first_here = [(int(r), int(p)) for t, r, p in signed if t == tag]
+    here_count = next((c for (t, _, _), c in zip(signed, counts, strict=True) if t == tag), 0)
+    own = _host_summary(store, tag, here_count, [(0, pid), *first_here])
+    texts = [own[1][0]]  # each host's ranks, as ranges
+    led: dict[str, int] = {}  # host -> its leader, for hosts of several members
+    for (t, first, _), count in zip(signed, counts, strict=True):
+        if t != tag:
+            if count > 1:
+                led[t] = int(first)
+            else:
+                texts.append(first)
+    keys = [f"host/s/{t}" for t in led]
+    try:
+        if keys and not _poll_all(store, keys, deadline):
+            late = [r for t, r in led.items() if not store.check([f"host/s/{t}"])]
+            raise cpu_connect.timed_out(
+                prefix, deadline, _IDENTITY, late, "never summarised its host"
+            )
+        texts += [bytes(v).decode() for v in store.multi_get(keys)] if keys else []
+        placement = Placement.of(_hosts_of(texts, size, prefix))
+    except CommError as exc:
+        cpu_connect.publish_failure(store, _VERDICT, exc)
+        raise
+    bundle = json.dumps({"at": placement.encode(), "p0": pid}, separators=(",", ":"))
+    out_keys, out_values = own[0][1:], own[1][1:]  # this host's pids, if several
+    cpu_connect.multi_set(store, [*out_keys, _VERDICT], [*out_values, "ok " + bundle])
+    return Members(0, size, placement, {0: pid}, tag)
+
+
+def _hosts_of(texts: list[str], size: int, prefix: str) -> list[int]:
+    """Each rank's host index, from each host's ranks (hosts numbered by lowest rank)."""
     hosts = [-1] * size
     for h, ranks in enumerate(sorted((sorted(decode_ranks(t)) for t in texts), key=min)):
         for r in ranks:
             if not 0 <= r < size or hosts[r] != -1:
                 raise CommError(f"{prefix}rank {r} was claimed twice in {_IDENTITY}")
             hosts[r] = h
-    placement = Placement.of(hosts)
-    bundle = json.dumps({"at": placement.encode(), "p0": pid}, separators=(",", ":"))
-    out_keys, out_values = summary[0][1:], summary[1][1:]  # this host's pids, if several
-    cpu_connect.multi_set(store, [*out_keys, verdict], [*out_values, "ok " + bundle])
-    return Members(0, size, placement, {0: pid}, tag)
+    if -1 in hosts:
+        raise CommError(f"{prefix}rank {hosts.index(-1)} is on no host in {_IDENTITY}")
+    return hosts
 
 
 def _poll_all(store: c10d.Store, keys: list[str], deadline: Deadline) -> bool:
@@ -178,25 +202,23 @@ def _poll_all(store: c10d.Store, keys: list[str], deadline: Deadline) -> bool:
     while not store.check(keys):
         if deadline.passed(GRACE_S):
             return False
-        time.sleep(0.001 + min(pause, 0.05))
+        time.sleep(min(pause, 0.05))
         pause *= 2
     return True
 
 
 def _never_arrived(store: c10d.Store, size: int, deadline: Deadline, prefix: str) -> CommError:
     """Rank 0, on the failure path: which ranks wrote no entry (reads them all: O(N))."""
-    seen: set[int] = set()
-    tags = [
-        store.get(f"host/l/{i}").decode()
-        for i in range(1, store.add("host/leaders", 0) + 1)
-        if store.check([f"host/l/{i}"])
-    ]
-    for tag in tags:
-        for n in range(store.add(f"host/n/{tag}", 0) + 1):
+    seen = {0}
+    for i in range(1, store.add(_HOSTS, 0) + 1):
+        if not store.check([f"host/l/{i}"]):
+            continue
+        tag, first, _ = store.get(f"host/l/{i}").decode().split()
+        seen.add(int(first))
+        for n in range(2, store.add(f"host/n/{tag}", 0) + 1):
             key = f"host/m/{tag}/{n}"
             if store.check([key]):
                 seen.add(int(store.get(key).decode().split()[0]))
-    seen.add(0)
     missing = sorted(set(range(size)) - seen)
     if missing:
         return cpu_connect.timed_out(prefix, deadline, _IDENTITY, missing, "never arrived")
