@@ -217,7 +217,8 @@ def test_a_member_learns_its_host_from_the_bundle() -> None:
     three = members.from_bundle(3, 6, bundle, 103, "tag")
     assert three.local_ranks() == [2, 3] and three.pids == {3: 103}  # rank 0 lives elsewhere
     assert three.peers()[2:4] == [("host1", 0), ("host1", 103)]
-    assert three.leaders() == [0, 2, 4] and three.host_tag == "tag"
+    assert three.leaders() == [(0, 2), (2, 2), (4, 2)] and three.host_tag == "tag"
     one = members.from_bundle(1, 6, bundle, 101)
     assert one.pids == {0: 100, 1: 101}  # rank 0 shares its host: its pid is watched
-    assert members.from_bundle(2, 4, '{"at":["cyclic",2],"p0":1}', 7).leaders() == [0, 1]
+    cyclic = members.from_bundle(2, 5, '{"at":["cyclic",2],"p0":1}', 7)
+    assert cyclic.leaders() == [(0, 3), (1, 2)]

@@ -18,9 +18,10 @@ O(ranks on its host) bytes, and rank 0 O(hosts) besides leading its own host:
   (``host/all``), which every member reads.  A member: 4 round trips; a host's first:
   one more; a leader of several: two more.
 * **Rendezvous** (``rendezvous``), once the placement is known: a host's leader is its
-  lowest rank.  Members write ``key/{rank}``; each leader waits for its host's (a dead
-  member on its host is named at once) and writes ``key/h/{leader}``: ``ok`` or whom it
-  blames; rank 0 waits for the leaders' and publishes the verdict under ``key/all``.
+  lowest rank.  Members write ``key/{rank}``; each leader of several waits for its host's
+  (a dead member on its host is named at once) and writes ``key/h/{leader}``: ``ok`` or
+  whom it blames; rank 0 waits for those and for the members alone on their hosts, and
+  publishes the verdict under ``key/all``.
 
 Failures: rank 0's verdict is what every member raises.  A leader's own wait ends at
 the deadline; rank 0 waits ``GRACE_S`` longer for the leaders' verdicts (so a member
@@ -250,7 +251,7 @@ def rendezvous(
         return
     here = members.local_ranks()
     arrival = key if posted is None else posted
-    if rank != here[0]:
+    if rank != here[0] or (len(here) == 1 and rank != 0):  # alone: rank 0 waits for it
         if posted is None:
             store.set(f"{key}/{rank}", "1")
     else:
@@ -265,7 +266,7 @@ def rendezvous(
         if rank != 0:
             store.set(f"{key}/h/{rank}", "ok")
     if rank == 0:
-        _hear_leaders(store, key, members, deadline, local_pids, prefix, what)
+        _hear_leaders(store, key, arrival, members, deadline, local_pids, prefix, what)
         return
     _wait_verdict(store, f"{key}/all", deadline, prefix, what)
     if ack:
@@ -275,16 +276,21 @@ def rendezvous(
 def _hear_leaders(
     store: c10d.Store,
     key: str,
+    arrival: str,
     members: Members,
     deadline: Deadline,
     local_pids: Mapping[int, int],
     prefix: str,
     what: str,
 ) -> None:
-    """Rank 0: every other host's leader's verdict, then the verdict for all."""
-    leaders = {f"{key}/h/{r}": r for r in members.leaders() if r != 0}
+    """Rank 0: every other host's leader's verdict (a member alone on its host: its
+    arrival, under ``arrival``), then the verdict for all."""
+    alone = {f"{arrival}/{r}": r for r, count in members.leaders() if r != 0 and count == 1}
+    leaders = {f"{key}/h/{r}": r for r, count in members.leaders() if r != 0 and count > 1}
     try:
-        cpu_connect.wait_keys(store, leaders, _later(deadline, GRACE_S), local_pids, prefix, what)
+        cpu_connect.wait_keys(
+            store, {**alone, **leaders}, _later(deadline, GRACE_S), local_pids, prefix, what
+        )
         if leaders:
             for value in store.multi_get(list(leaders)):
                 said = bytes(value).decode()

@@ -115,12 +115,15 @@ class Members:
         me = self._hosts[self.rank]
         return [r for r, h in enumerate(self._hosts) if h == me]
 
-    def leaders(self) -> list[int]:
-        """Each host's lowest rank (its leader at a rendezvous), in host order."""
+    def leaders(self) -> list[tuple[int, int]]:
+        """``(lowest rank, members)`` of each host, in host order: its leader at a
+        rendezvous (``cpu.leaders``)."""
         first: dict[int, int] = {}
+        count: dict[int, int] = {}
         for r, h in enumerate(self._hosts):
             first.setdefault(h, r)
-        return sorted(first.values())
+            count[h] = count.get(h, 0) + 1
+        return sorted((first[h], count[h]) for h in first)
 
     def local_pids_known(self) -> bool:
         return all(r in self.pids for r in self.local_ranks())
