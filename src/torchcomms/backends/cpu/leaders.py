@@ -182,7 +182,10 @@ def _plan(
     bundle = json.dumps({"at": placement.encode(), "p0": pid}, separators=(",", ":"))
     out_keys, out_values = own[0][1:], own[1][1:]  # this host's pids, if several
     cpu_connect.multi_set(store, [*out_keys, _VERDICT], [*out_values, "ok " + bundle])
-    return Members(0, size, placement, {0: pid}, tag)
+    members = Members(0, size, placement, {0: pid}, tag)
+    if out_values:  # rank 0 knows its host's pids without reading them back
+        members.learn(members.local_ranks(), json.loads(out_values[0]))
+    return members
 
 
 def _hosts_of(texts: list[str], size: int, prefix: str) -> list[int]:
