@@ -72,13 +72,13 @@ def _phases(ctx: RankContext, hints: dict[str, str], per_host: int) -> dict[str,
             os.environ["TORCHCOMM_HOST_ID"] = saved
 
 
-def _new_comm_and_shrink(ctx: RankContext, hints: dict[str, str]) -> dict[str, Any]:
-    """``new_comm`` over the world, then every rank but the last shrinks it without it."""
+def _counted_comm(ctx: RankContext, name: str, hints: dict[str, str]) -> tuple[Any, dict[str, int]]:
+    """A comm over the world and what its ``new_comm`` cost; checked with one all_reduce."""
     comm, made = _count(
         lambda: new_comm(
             "gloo",
             torch.device("cpu"),
-            name="counted",
+            name=name,
             store=ctx.store,
             timeout=timedelta(seconds=60),
             hints=hints,
@@ -87,6 +87,12 @@ def _new_comm_and_shrink(ctx: RankContext, hints: dict[str, str]) -> dict[str, A
     t = torch.ones(4)
     comm.all_reduce(t, ReduceOp.SUM, False)
     assert int(t[0]) == ctx.world_size
+    return comm, made
+
+
+def _new_comm_and_shrink(ctx: RankContext, hints: dict[str, str]) -> dict[str, Any]:
+    """``new_comm`` over the world, then every rank but the last shrinks it without it."""
+    comm, made = _counted_comm(ctx, "counted", hints)
     out = {"new_comm": {**made, "leads": ctx.rank == 0}}
     out["transport"] = comm.get_backend_impl().transport  # type: ignore[attr-defined]
     last = ctx.world_size - 1
@@ -147,21 +153,9 @@ def _rank0_apart(ctx: RankContext) -> dict[str, Any]:
     """Rank 0 alone on its simulated host, every other rank on a second one."""
     os.environ["TORCHCOMM_HOST_ID"] = "simulated-host-0" if ctx.rank == 0 else "simulated-host-1"
     try:
-        comm, made = _count(
-            lambda: new_comm(
-                "gloo",
-                torch.device("cpu"),
-                name="apart",
-                store=ctx.store,
-                timeout=timedelta(seconds=60),
-                # The comm keeps the given store: the private store's meeting
-                # (``bootstrap``) is another step, whose rank 0 reads every join.
-                hints={"lazy": "true", "persistent_store": "1"},
-            )
-        )
-        t = torch.ones(2)
-        comm.all_reduce(t, ReduceOp.SUM, False)
-        assert int(t[0]) == ctx.world_size
+        # The comm keeps the given store: the private store's meeting (``bootstrap``) is
+        # another step, whose rank 0 reads every join.
+        comm, made = _counted_comm(ctx, "apart", {"lazy": "true", "persistent_store": "1"})
         transport = comm.get_backend_impl().transport  # type: ignore[attr-defined]
         comm.finalize()
     finally:
