@@ -2,7 +2,8 @@
 member on a thread of this process with a host identity of its own choosing: every
 member learns the same placement whatever the order of arrival, a host's pid list holds
 its members' pids in rank order, and a member that never comes is named by every rank
-that waited for it (rank 0 itself, and the others through rank 0's verdict)."""
+that waited for it (rank 0 itself, and the others through rank 0's verdict).  The
+threads share one process, so each says it has a pid of its own (``PID0 + rank``)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ from torchcomms.backends.cpu.members import Members, host_pids_key
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommTimeoutError
 
+#: The pid rank r says it has: PID0 + r (the threads share one process).
+PID0 = 4_000_000
+
 
 def _store() -> dist.TCPStore:
     return dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30))
@@ -34,8 +38,9 @@ def _meet(hosts: list[str], timeout_s: float = 20.0, absent: int | None = None) 
     def run(rank: int) -> None:
         client = dist.TCPStore("127.0.0.1", server.port, None, False, timeout=timedelta(seconds=30))
         try:
+            deadline = Deadline(timedelta(seconds=timeout_s))
             out[rank] = leaders.exchange_identities(
-                client, rank, size, hosts[rank], Deadline(timedelta(seconds=timeout_s)), ""
+                client, rank, size, hosts[rank], deadline, "", pid=PID0 + rank
             )
         except Exception as exc:  # reported to the test
             out[rank] = exc
@@ -74,9 +79,17 @@ def test_every_member_learns_the_same_placement(hosts: list[str]) -> None:
         ranks = [r for r, h in enumerate(hosts) if h == host]
         key = host_pids_key(leaders.host_tag(host))
         if len(ranks) > 1:
-            assert json.loads(store.get(key)) == [got[r].pids[r] for r in ranks], host
+            assert json.loads(store.get(key)) == [PID0 + r for r in ranks], host
         else:
             assert not store.check([key]), host
+    # Each member knows its own pid, and rank 0's where they share a host; rank 0 knows
+    # its host's (it wrote their list).
+    for rank, members in enumerate(got):
+        shared = hosts[rank] == hosts[0]
+        assert members.pids.get(0) == (PID0 if shared else None), (rank, members.pids)
+        assert members.pids[rank] == PID0 + rank
+    here = [r for r, h in enumerate(hosts) if h == hosts[0]]
+    assert got[0].pids == {r: PID0 + r for r in here}, got[0].pids
 
 
 def test_a_member_that_never_comes_is_named_by_everyone() -> None:

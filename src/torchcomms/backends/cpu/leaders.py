@@ -93,10 +93,17 @@ def _poll(store: c10d.Store, size: int, verdict: str, deadline: Deadline) -> boo
 
 
 def exchange_identities(
-    store: c10d.Store, rank: int, size: int, identity: str, deadline: Deadline, prefix: str
+    store: c10d.Store,
+    rank: int,
+    size: int,
+    identity: str,
+    deadline: Deadline,
+    prefix: str,
+    pid: int | None = None,
 ) -> Members:
-    """Who the members are (``cpu.members``), met through host leaders (module docstring)."""
-    pid = os.getpid()
+    """Who the members are (``cpu.members``), met through host leaders (module docstring).
+    ``pid``: the process this rank is (this one's by default)."""
+    pid = os.getpid() if pid is None else pid
     tag = host_tag(identity)
     if size == 1:
         return Members(0, 1, Placement("blocked", 1), {0: pid}, tag)
