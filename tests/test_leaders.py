@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from torchcomms.backends.cpu import leaders
+from torchcomms.backends.cpu import connect, leaders
 from torchcomms.backends.cpu.members import Members, host_pids_key
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommTimeoutError
@@ -99,3 +99,13 @@ def test_a_member_that_never_comes_is_named_by_everyone() -> None:
         assert got[rank].ranks == (3,), (rank, got[rank])
     assert "peer rank 3 never arrived" in str(got[0])
     assert "peer rank 3 never finished the identity exchange (rank 0 says)" in str(got[1])
+
+
+@pytest.mark.parametrize("size", [2, 64, 2_500, 10_000, 100_000])
+def test_members_waiting_for_rank_0_poll_the_store_within_its_means(size: int) -> None:
+    """Every member waits for rank 0's verdict: however many, their polls together stay
+    under 50,000 a second (one store serves about 70,000 round trips a second here), and
+    a small comm still polls every 50 ms at the most."""
+    longest = connect.poll_pause_max_s(1, size)
+    assert size / longest <= 50_000
+    assert longest == (0.05 if size <= 2_500 else size * 2e-5)

@@ -40,8 +40,17 @@ _SLICE = timedelta(milliseconds=50)
 #: The longest pause between two ``check`` polls of a connect-time wait ...
 _POLL_MAX_S = 0.05
 #: ... stretched by this per key polled: a poll sends every key's name (about 40 bytes),
-#: so rank 0 waiting for N members sends at most about 4 MB/s of polls at any N.
+#: so rank 0 waiting for N members sends at most about 4 MB/s of polls at any N ...
 _POLL_S_PER_KEY = 1e-5
+#: ... and by this per rank polling alike: N members waiting for rank 0's verdict poll
+#: at most 50,000 times a second in all (a store serves about 70,000 round trips a second
+#: on a small machine), from 2,500 members on.
+_POLL_S_PER_POLLER = 2e-5
+
+
+def poll_pause_max_s(keys: int, pollers: int) -> float:
+    """The longest pause between two polls of ``keys`` keys by each of ``pollers`` ranks."""
+    return max(_POLL_MAX_S, keys * _POLL_S_PER_KEY, pollers * _POLL_S_PER_POLLER)
 
 
 def connect_prefix(name: str, rank: int) -> str:
@@ -65,6 +74,7 @@ def wait_keys(
     prefix: str,
     what: str,
     verdict: str | None = None,
+    pollers: int = 1,
 ) -> None:
     """Wait until every key exists; ``keys[k]`` is the rank that writes ``k``.
 
@@ -73,10 +83,12 @@ def wait_keys(
     Between polls, a writer whose process is gone (on this host) is named at once.
     ``verdict``: a key where rank 0 may publish that connecting failed
     (``publish_failure``); if it does, raise its verdict instead of waiting on.
+    ``pollers``: how many ranks wait like this at once (every member, for rank 0's
+    verdict): their polls together stay under ``1 / _POLL_S_PER_POLLER`` a second.
     """
     names = list(keys)
     writers = sorted(set(keys.values()))
-    pause, longest = 0.001, max(_POLL_MAX_S, len(names) * _POLL_S_PER_KEY)
+    pause, longest = 0.001, poll_pause_max_s(len(names), pollers)
     # Poll with ``check``: a timed ``wait`` that expires makes c10d log a warning.
     while not store.check(names):
         check_dead(local_pids, writers, prefix, what)

@@ -69,11 +69,14 @@ def _later(deadline: Deadline, by_s: float) -> Deadline:
     return Deadline(deadline.timeout, deadline.end + by_s)
 
 
-def _wait_verdict(store: c10d.Store, key: str, deadline: Deadline, prefix: str, what: str) -> str:
+def _wait_verdict(
+    store: c10d.Store, key: str, size: int, deadline: Deadline, prefix: str, what: str
+) -> str:
     """Rank 0's verdict under ``key`` (waited for ``GRACE_S`` twice past ``deadline``):
-    what follows its ``ok``, or raise the failure it says."""
+    what follows its ``ok``, or raise the failure it says.  Every member waits so: their
+    polls are spread by the comm's ``size``."""
     later = _later(deadline, 2 * GRACE_S)
-    cpu_connect.wait_keys(store, {key: 0}, later, {}, prefix, what)
+    cpu_connect.wait_keys(store, {key: 0}, later, {}, prefix, what, pollers=size)
     verdict = store.get(key).decode()
     if verdict != "ok" and not verdict.startswith("ok "):
         raise cpu_connect.failure_from(verdict, prefix, what)
@@ -82,13 +85,14 @@ def _wait_verdict(store: c10d.Store, key: str, deadline: Deadline, prefix: str, 
 
 def _poll(store: c10d.Store, size: int, verdict: str, deadline: Deadline) -> bool:
     """Wait until every member counted itself in (or ``verdict`` exists: False, as when
-    the deadline passes first)."""
-    pause = 0.001
+    the deadline passes first).  A host's first member and rank 0 wait so: up to one
+    poller per member, spread as ``connect.wait_keys`` spreads them."""
+    pause, longest = 0.001, cpu_connect.poll_pause_max_s(1, size)
     while store.add(_ARRIVED, 0) < size:
         if store.check([verdict]) or deadline.passed():
             return False
         time.sleep(min(pause, max(deadline.left_s(), 0.0)))
-        pause = min(pause * 2, 0.05)
+        pause = min(pause * 2, longest)
     return True
 
 
@@ -131,7 +135,7 @@ def exchange_identities(
             count = store.add(f"host/n/{tag}", 0)
             if count > 1:  # a host of one: rank 0 has all it needs from the sign-in
                 cpu_connect.multi_set(store, *_host_summary(store, tag, count, [(rank, pid)]))
-    bundle = _wait_verdict(store, _VERDICT, deadline, prefix, _IDENTITY)
+    bundle = _wait_verdict(store, _VERDICT, size, deadline, prefix, _IDENTITY)
     return from_bundle(rank, size, bundle, pid, tag)
 
 
@@ -278,7 +282,7 @@ def rendezvous(
     if rank == 0:
         _hear_leaders(store, key, arrival, members, deadline, local_pids, prefix, what)
         return
-    _wait_verdict(store, f"{key}/all", deadline, prefix, what)
+    _wait_verdict(store, f"{key}/all", size, deadline, prefix, what)
     if ack:
         store.add(f"{key}/seen", 1)
 
