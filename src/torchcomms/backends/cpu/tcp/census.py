@@ -5,8 +5,9 @@ and running ops cost the store nothing.
 The tree is the binomial tree rooted at comm rank 0: rank r's children are r + 2^j for
 2^j < lowbit(r) (rank 0: every 2^j < N), its subtree the ranks [r, r + lowbit(r)), its
 parent r - lowbit(r).  Every one of them is r's lane neighbour (``transport.tcp.lane``:
-r +- 2^j), whose listener address r was given at connect (``cpu.select``), so a census
-reads the store only to reach past a silent member.
+r +- 2^j), whose listener address r learnt in the lane's handshakes at connect
+(``transport.tcp.meet``, ``cpu.select``), so a census reads the store only to reach past
+a silent member.
 
 Requests, one per connection, a line each; the node says ``ACK`` at once (from its
 liveness watcher), then answers ``ANS behind;silent;unknown;gone`` (rank ranges):

@@ -79,7 +79,7 @@ class Liveness:
         listener: socket.socket | None = None,
         address_of: Callable[[int], tuple[str, int] | None] | None = None,
     ) -> None:
-        """``listener``: this rank's, whose address the members were given at connect, and
+        """``listener``: this rank's, whose address its neighbours learnt at connect, and
         ``address_of(rank)``: a member's (``cpu.select``); without them the watcher listens
         on a socket of its own and the members find each other under ``addr/{rank}``."""
         self.rank = rank
