@@ -418,9 +418,12 @@ def _timeout_cases(ctx: RankContext) -> dict[str, Any]:
     opts: dict[str, Any] = {"store": store, "abort_process_on_timeout_or_error": False}
     per_op = _gloo("per_op_to", timeout=timedelta(seconds=300), **opts)
     per_op.barrier(False)  # line the ranks up before inits that must finish in a short timeout
-    sync = _gloo("sync_to", timeout=_fault_timeout(), **opts)
-    asyn = _gloo("async_to", timeout=_fault_timeout(), **opts)
-    p2p = _gloo("p2p_to", timeout=_fault_timeout(), **opts)
+    # The short timeout also bounds these comms' new_comm: they keep the harness's store
+    # (no private store for rank 0 to serve and the others to reach in time on a busy box).
+    short = {**opts, "timeout": _fault_timeout(), "hints": {"persistent_store": "1"}}
+    sync = _gloo("sync_to", **short)
+    asyn = _gloo("async_to", **short)
+    p2p = _gloo("p2p_to", **short)
     for k, comm in enumerate((sync, asyn, per_op, p2p)):
         # A long per-op timeout overrides the short comm default for the set-up ops.
         _sum_check(comm, k + 1, f"warm-up {comm.get_name()}", timeout=SETUP_TIMEOUT)
