@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import struct
 import threading
 import time
 from typing import Any
@@ -322,3 +323,56 @@ def test_a_peer_that_hangs_up_unanswered_is_named_by_who_dialled_it() -> None:
     assert isinstance(lanes[1], ConnectionError), lanes
     assert str(lanes[1]) == "rank 2 closed the connection before answering"
     assert not any(isinstance(lane, tcp_lane.Lane) for lane in lanes), lanes
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (b"NO thanks\n", "rank 1 answered 'NO thanks', not AT"),
+        (b"x" * tcp_meet.LINE_MAX, "rank 1 answered with no line end"),
+        (None, "rank 1 broke the connection before answering"),  # a reset
+    ],
+)
+def test_a_peer_that_answers_other_than_at_is_named(answer: bytes | None, said: str) -> None:
+    """Rank 0 dials rank 1, which takes the HI and answers something else (or resets the
+    connection): rank 0 raises naming it, and connects nothing."""
+    theirs = tcp_lane.listen("127.0.0.1")
+    mine = tcp_lane.listen("127.0.0.1")
+
+    def peer() -> None:
+        conn, _ = theirs.accept()
+        with conn:
+            conn.settimeout(10.0)
+            assert conn.recv(4096).startswith(b"HI tok1 0 0 ")
+            if answer is None:  # close at once with a reset, not a goodbye
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                return
+            conn.sendall(answer)
+            with contextlib.suppress(OSError):
+                conn.recv(1)  # until rank 0 hangs up
+
+    thread = threading.Thread(target=peer)
+    thread.start()
+    end = time.monotonic() + 20.0
+
+    def between(missing: list[int]) -> None:
+        if time.monotonic() > end:
+            raise TimeoutError(f"never connected: {missing}")
+
+    try:
+        with pytest.raises(ConnectionError) as info:
+            tcp_meet.connect(
+                mine,
+                "tok0",
+                0,
+                2,
+                _card("tok0", mine),
+                _card("tok1", theirs),
+                _address,
+                end,
+                between,
+            )
+    finally:
+        thread.join(20.0)
+        theirs.close()
+    assert str(info.value) == said

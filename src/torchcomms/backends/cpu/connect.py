@@ -219,7 +219,7 @@ def failure_from(verdict: str, prefix: str, what: str) -> CommError:
     """The error a member raises on rank 0's published failure (``publish_failure``)."""
     kind, _, listed = verdict.partition(" ")
     ranks = tuple(int(r) for r in listed.split(",") if r)
-    text = ranks_text(ranks)
+    text = ranks_text(ranks) if ranks else "a member"  # rank 0 could not tell which
     error: CommError
     if kind == "dead":
         error = PeerFailureError(f"{prefix}{text} died (process gone) during {what}")

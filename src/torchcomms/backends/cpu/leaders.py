@@ -178,14 +178,11 @@ def _plan(
                 led[t] = int(first)
             else:
                 texts.append(first)
-    keys = [f"host/s/{t}" for t in led]
+    summaries = {f"host/s/{t}": leader for t, leader in led.items()}
     try:
-        if keys and not _poll_all(store, keys, deadline):
-            late = [r for t, r in led.items() if not store.check([f"host/s/{t}"])]
-            raise cpu_connect.timed_out(
-                prefix, deadline, _IDENTITY, late, "never summarised its host"
-            )
-        texts += [bytes(v).decode() for v in store.multi_get(keys)] if keys else []
+        # The leaders' own waits end at the deadline: give them the grace to say so.
+        cpu_connect.wait_keys(store, summaries, _later(deadline, GRACE_S), {}, prefix, _IDENTITY)
+        texts += [bytes(v).decode() for v in store.multi_get(list(summaries))] if led else []
         placement = Placement.of(_hosts_of(texts, size, prefix))
     except CommError as exc:
         cpu_connect.publish_failure(store, _VERDICT, exc)
@@ -204,22 +201,14 @@ def _hosts_of(texts: list[str], size: int, prefix: str) -> list[int]:
     hosts = [-1] * size
     for h, ranks in enumerate(sorted((sorted(decode_ranks(t)) for t in texts), key=min)):
         for r in ranks:
-            if not 0 <= r < size or hosts[r] != -1:
+            if not 0 <= r < size:
+                raise CommError(f"{prefix}rank {r} is outside the comm (size {size})")
+            if hosts[r] != -1:
                 raise CommError(f"{prefix}rank {r} was claimed twice in {_IDENTITY}")
             hosts[r] = h
     if -1 in hosts:
         raise CommError(f"{prefix}rank {hosts.index(-1)} is on no host in {_IDENTITY}")
     return hosts
-
-
-def _poll_all(store: c10d.Store, keys: list[str], deadline: Deadline) -> bool:
-    pause = 0.001
-    while not store.check(keys):
-        if deadline.passed(GRACE_S):
-            return False
-        time.sleep(min(pause, 0.05))
-        pause *= 2
-    return True
 
 
 def _never_arrived(store: c10d.Store, size: int, deadline: Deadline, prefix: str) -> CommError:
@@ -299,8 +288,9 @@ def _hear_leaders(
 ) -> None:
     """Rank 0: every other host's leader's verdict (a member alone on its host: its
     arrival, under ``arrival``), then the verdict for all."""
-    alone = {f"{arrival}/{r}": r for r, count in members.leaders() if r != 0 and count == 1}
-    leaders = {f"{key}/h/{r}": r for r, count in members.leaders() if r != 0 and count > 1}
+    hosts = [(r, count) for r, count in members.leaders() if r != 0]
+    alone = {f"{arrival}/{r}": r for r, count in hosts if count == 1}
+    leaders = {f"{key}/h/{r}": r for r, count in hosts if count > 1}
     try:
         cpu_connect.wait_keys(
             store, {**alone, **leaders}, _later(deadline, GRACE_S), local_pids, prefix, what
