@@ -51,7 +51,7 @@ from typing import TypeVar
 
 import torch._C._distributed_c10d as c10d
 
-from torchcomms import config
+from torchcomms import c10d_caller, config
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError, CommTimeoutError, PeerFailureError
 from torchcomms.store_counts import CountingStore
@@ -86,7 +86,12 @@ def _pair(rank_var: str, size_vars: tuple[str, ...]) -> tuple[int, int] | None:
 
 
 def query_ranksize() -> tuple[int, int]:
-    """Find this process's rank and world size from the environment, in upstream's order."""
+    """This process's rank and world size: c10d's, when it is creating a group through us
+    (``c10d_caller``: the explicit ranks of ``init_process_group``), else from the environment
+    in upstream's order."""
+    given = c10d_caller.group_rank_and_size()
+    if given is not None:
+        return given
     method = config.ranksize_query_method()
     candidates: list[tuple[str, tuple[str, ...]]] = [("TORCHCOMM_RANK", ("TORCHCOMM_SIZE",))]
     if method in ("auto", "mpi"):
