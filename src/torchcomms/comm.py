@@ -5,7 +5,8 @@ hooks, resolves the per-op timeout, owns the communicator's state machine
 (``torchcomms.state``: ready → error → aborted / finalized, plus uninitialized in
 reconfigure mode) and forwards to its backend through the one typed interface
 ``CommBackend``.  It never touches bytes.  The layers: ``comm_core`` (state, hooks,
-the issue path), ``comm_ops`` (every operation), and here the lifecycle and ``split``.
+the issue path), ``comm_ops`` (every operation), ``comm_persistent`` (the persistent
+all-gather), and here the lifecycle, ``split`` and the GPU-only getters.
 
 Thread-safety follows upstream: a communicator is meant to be driven by one thread;
 ``op_id`` allocation and hook registration are thread-safe.
@@ -21,12 +22,13 @@ from typing import Any
 
 import torch
 
-from torchcomms import config, hook_args, registry
+from torchcomms import allocator, config, hook_args, registry
 from torchcomms.backends import plugin
 from torchcomms.backends.base import TorchCommBackend
 from torchcomms.backends.window_contract import WindowBackend
 from torchcomms.comm_core import FINALIZE_OP_ID, RemovableHandle, _next_op_id
 from torchcomms.comm_ops import BatchSendRecv, CommOps
+from torchcomms.comm_persistent import PersistentAllGather
 from torchcomms.errors import CommStateError
 from torchcomms.oprecord import OpObserver
 from torchcomms.state import CommState
@@ -46,7 +48,7 @@ __all__ = [
 logger = logging.getLogger("torchcomms.comm")
 
 
-class TorchComm(CommOps):
+class TorchComm(CommOps, PersistentAllGather):
     """A communicator: a group of ranks with communicator-relative rank numbers."""
 
     # -- getters ---------------------------------------------------------------------------------
@@ -95,6 +97,19 @@ class TorchComm(CommOps):
 
     def set_hints(self, hints: dict[str, str]) -> None:
         self._backend.set_hints(dict(hints))
+
+    def get_device_transport(self) -> int:
+        """A GPU transport handle for Triton kernels; raises on a backend without one (CPU)."""
+        return int(self._backend.get_device_transport())
+
+    def get_mem_allocator(self) -> Any:
+        """The backend's global memory allocator (``torchcomms.get_mem_allocator``)."""
+        return allocator.get_mem_allocator(self._backend_name)
+
+    @property
+    def mem_allocator(self) -> Any:
+        """Upstream's deprecated alias of ``get_mem_allocator()``."""
+        return self.get_mem_allocator()
 
     def __repr__(self) -> str:
         try:

@@ -325,13 +325,14 @@ class CommCore:
         hints: dict[str, str] | None,
         call: BackendCall,
         call_args: tuple[Any, ...],
-        post_args: Callable[[TorchWork], Any] = hook_args.CollectivePostHookArgs,
+        post_args: Callable[[TorchWork], Any] | None = None,
     ) -> TorchWork:
         """Begin the op, ``call(*call_args, options)`` (observed), then run the post-hooks.
 
         ``call`` is the backend's method for the op and ``call_args`` its arguments before
-        the options; observers may inspect them (e.g. the reduce op).  The steps of
-        ``_begin`` are inlined: this is every op's hot path.
+        the options; observers may inspect them (e.g. the reduce op).  ``post_args`` builds
+        the post-hooks' argument from the work (default: the op's ``CollectivePostHookArgs``
+        subclass).  The steps of ``_begin`` are inlined: this is every op's hot path.
         """
         op_name = name._name_  # (``.name`` is a descriptor call, ``_name_`` a plain read)
         if timeout is None and hints is None:
@@ -368,6 +369,9 @@ class CommCore:
             else:
                 record._issued(work)
         if self._post_hooks:
+            if post_args is None:  # the op's own CollectivePostHookArgs subclass
+                by_op = hook_args.POST_HOOK_ARGS_BY_OP
+                post_args = by_op.get(name, hook_args.CollectivePostHookArgs)
             self._run_post_hooks(op_id, post_args(work))
         return work
 

@@ -1,4 +1,9 @@
-"""Typed, read-only argument objects handed to pre- and post-hooks (upstream's names)."""
+"""Typed, read-only argument objects handed to pre- and post-hooks (upstream's names).
+
+Post-hooks of collectives and point-to-point get the op's own subclass of
+``CollectivePostHookArgs`` (upstream's stub names them; its binding passes the base class,
+so ``isinstance(args, CollectivePostHookArgs)`` holds either way).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from torchcomms.types import OpName
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +173,96 @@ class CollectivePostHookArgs:
 
 
 @dataclass(frozen=True, slots=True)
+class SendPostHookArgs(CollectivePostHookArgs):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class RecvPostHookArgs(CollectivePostHookArgs):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class BroadcastPostHookArgs(CollectivePostHookArgs):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class AllReducePostHookArgs(CollectivePostHookArgs):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ReducePostHookArgs(CollectivePostHookArgs):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class AllGatherPostHookArgs(CollectivePostHookArgs):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class AllGatherVPostHookArgs(CollectivePostHookArgs):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class AllGatherSinglePostHookArgs(CollectivePostHookArgs):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ReduceScatterPostHookArgs(CollectivePostHookArgs):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ReduceScatterVPostHookArgs(CollectivePostHookArgs):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ReduceScatterSinglePostHookArgs(CollectivePostHookArgs):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class AllToAllSinglePostHookArgs(CollectivePostHookArgs):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class AllToAllVSinglePostHookArgs(CollectivePostHookArgs):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class AllToAllPostHookArgs(CollectivePostHookArgs):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class BarrierPostHookArgs(CollectivePostHookArgs):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ScatterPostHookArgs(CollectivePostHookArgs):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class GatherPostHookArgs(CollectivePostHookArgs):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class GatherSinglePostHookArgs(CollectivePostHookArgs):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
 class SplitPostHookArgs:
     """Post-hook argument of ``split``; ``new_comm`` is the child communicator."""
 
@@ -211,3 +308,126 @@ PRE_HOOK_ARG_TYPES = (
     BatchOpIssuePreHookArgs,
     FinalizePreHookArgs,
 )
+
+#: The post-hook argument class of each collective and point-to-point op.
+POST_HOOK_ARGS_BY_OP: dict[OpName, type[CollectivePostHookArgs]] = {
+    OpName.send: SendPostHookArgs,
+    OpName.recv: RecvPostHookArgs,
+    OpName.broadcast: BroadcastPostHookArgs,
+    OpName.all_reduce: AllReducePostHookArgs,
+    OpName.reduce: ReducePostHookArgs,
+    OpName.all_gather: AllGatherPostHookArgs,
+    OpName.all_gather_v: AllGatherVPostHookArgs,
+    OpName.all_gather_single: AllGatherSinglePostHookArgs,
+    OpName.reduce_scatter: ReduceScatterPostHookArgs,
+    OpName.reduce_scatter_v: ReduceScatterVPostHookArgs,
+    OpName.reduce_scatter_single: ReduceScatterSinglePostHookArgs,
+    OpName.all_to_all_single: AllToAllSinglePostHookArgs,
+    OpName.all_to_all_v_single: AllToAllVSinglePostHookArgs,
+    OpName.all_to_all: AllToAllPostHookArgs,
+    OpName.barrier: BarrierPostHookArgs,
+    OpName.scatter: ScatterPostHookArgs,
+    OpName.gather: GatherPostHookArgs,
+    OpName.gather_single: GatherSinglePostHookArgs,
+}
+
+#: Upstream's stub aliases: what a pre-hook / post-hook may receive.
+PreHookArgs = (
+    SendPreHookArgs
+    | RecvPreHookArgs
+    | BroadcastPreHookArgs
+    | AllReducePreHookArgs
+    | ReducePreHookArgs
+    | AllGatherPreHookArgs
+    | AllGatherVPreHookArgs
+    | AllGatherSinglePreHookArgs
+    | ReduceScatterPreHookArgs
+    | ReduceScatterVPreHookArgs
+    | ReduceScatterSinglePreHookArgs
+    | AllToAllSinglePreHookArgs
+    | AllToAllVSinglePreHookArgs
+    | AllToAllPreHookArgs
+    | BarrierPreHookArgs
+    | ScatterPreHookArgs
+    | GatherPreHookArgs
+    | GatherSinglePreHookArgs
+    | SplitPreHookArgs
+    | NewWindowPreHookArgs
+    | BatchOpIssuePreHookArgs
+    | FinalizePreHookArgs
+)
+PostHookArgs = (
+    CollectivePostHookArgs
+    | SendPostHookArgs
+    | RecvPostHookArgs
+    | BroadcastPostHookArgs
+    | AllReducePostHookArgs
+    | ReducePostHookArgs
+    | AllGatherPostHookArgs
+    | AllGatherVPostHookArgs
+    | AllGatherSinglePostHookArgs
+    | ReduceScatterPostHookArgs
+    | ReduceScatterVPostHookArgs
+    | ReduceScatterSinglePostHookArgs
+    | AllToAllSinglePostHookArgs
+    | AllToAllVSinglePostHookArgs
+    | AllToAllPostHookArgs
+    | BarrierPostHookArgs
+    | ScatterPostHookArgs
+    | GatherPostHookArgs
+    | GatherSinglePostHookArgs
+    | SplitPostHookArgs
+    | NewWindowPostHookArgs
+    | BatchOpIssuePostHookArgs
+    | FinalizePostHookArgs
+)
+
+__all__ = [
+    "AllGatherPostHookArgs",
+    "AllGatherPreHookArgs",
+    "AllGatherSinglePostHookArgs",
+    "AllGatherSinglePreHookArgs",
+    "AllGatherVPostHookArgs",
+    "AllGatherVPreHookArgs",
+    "AllReducePostHookArgs",
+    "AllReducePreHookArgs",
+    "AllToAllPostHookArgs",
+    "AllToAllPreHookArgs",
+    "AllToAllSinglePostHookArgs",
+    "AllToAllSinglePreHookArgs",
+    "AllToAllVSinglePostHookArgs",
+    "AllToAllVSinglePreHookArgs",
+    "BarrierPostHookArgs",
+    "BarrierPreHookArgs",
+    "BatchOpIssuePostHookArgs",
+    "BatchOpIssuePreHookArgs",
+    "BroadcastPostHookArgs",
+    "BroadcastPreHookArgs",
+    "CollectivePostHookArgs",
+    "FinalizePostHookArgs",
+    "FinalizePreHookArgs",
+    "GatherPostHookArgs",
+    "GatherPreHookArgs",
+    "GatherSinglePostHookArgs",
+    "GatherSinglePreHookArgs",
+    "NewWindowPostHookArgs",
+    "NewWindowPreHookArgs",
+    "PostHookArgs",
+    "PreHookArgs",
+    "RecvPostHookArgs",
+    "RecvPreHookArgs",
+    "ReducePostHookArgs",
+    "ReducePreHookArgs",
+    "ReduceScatterPostHookArgs",
+    "ReduceScatterPreHookArgs",
+    "ReduceScatterSinglePostHookArgs",
+    "ReduceScatterSinglePreHookArgs",
+    "ReduceScatterVPostHookArgs",
+    "ReduceScatterVPreHookArgs",
+    "ScatterPostHookArgs",
+    "ScatterPreHookArgs",
+    "SendPostHookArgs",
+    "SendPreHookArgs",
+    "SplitPostHookArgs",
+    "SplitPreHookArgs",
+]

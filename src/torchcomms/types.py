@@ -217,6 +217,140 @@ class BatchP2POptions:
         self.timeout: timedelta = UNSET_BATCH_TIMEOUT
 
 
+#: ``InitHandle`` of upstream's stub: what ``get_init_handle()`` returns and ``reconfigure`` takes.
+InitHandle = str
+
+
+class ReconfigureOptions:
+    """The arguments of ``reconfigure`` as one value (upstream's ``ReconfigureOptions``).
+
+    ``ReconfigureOptions()`` holds upstream's defaults (uuid 0, no handles, the comm's
+    timeout, no hints); ``comm.reconfigure(o.uuid, o.init_handles, o.timeout, o.hints)``
+    uses one.  A list of handles fixes the ranks (position), a set lets the backend order them.
+    """
+
+    def __init__(
+        self,
+        uuid: int = 0,
+        init_handles: list[InitHandle] | set[InitHandle] | None = None,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> None:
+        if isinstance(uuid, bool) or not isinstance(uuid, int):
+            raise TypeError(f"ReconfigureOptions: uuid must be an int, got {type(uuid).__name__}")
+        handles: list[InitHandle] | set[InitHandle] = set() if init_handles is None else init_handles
+        if not isinstance(handles, (list, set)) or not all(isinstance(h, str) for h in handles):
+            raise TypeError(
+                "ReconfigureOptions: init_handles must be a list or a set of str, got "
+                f"{type(handles).__name__}"
+            )
+        if timeout is not None and not isinstance(timeout, timedelta):
+            raise TypeError(
+                f"ReconfigureOptions: timeout must be a timedelta or None, got {type(timeout).__name__}"
+            )
+        if hints is not None and not isinstance(hints, dict):
+            raise TypeError(
+                f"ReconfigureOptions: hints must be a dict[str, str] or None, got {type(hints).__name__}"
+            )
+        self.uuid = uuid
+        self.init_handles = handles
+        self.timeout = timeout
+        self.hints: dict[str, str] = {} if hints is None else {str(k): str(v) for k, v in hints.items()}
+
+    def __repr__(self) -> str:
+        return (
+            f"ReconfigureOptions(uuid={self.uuid}, init_handles={self.init_handles!r}, "
+            f"timeout={self.timeout}, hints={self.hints})"
+        )
+
+
+#: Per-op options' default timeout (upstream's ``kNoTimeout``, ``0 ms``): the comm's timeout.
+UNSET_OP_TIMEOUT = timedelta(0)
+
+
+class _PerOpOptions:
+    """``hints`` and ``timeout`` of one op, as upstream's ``OptionsBase``.
+
+    Upstream's stub lists one class per op; its Python methods take ``hints=`` and
+    ``timeout=`` keywords instead, and so do ours.  They exist for code that builds them.
+    """
+
+    def __init__(self) -> None:
+        self.hints: dict[str, str] = {}
+        self.timeout: timedelta = UNSET_OP_TIMEOUT
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(hints={self.hints}, timeout={self.timeout})"
+
+
+class SendOptions(_PerOpOptions):
+    """Options of ``send``."""
+
+
+class RecvOptions(_PerOpOptions):
+    """Options of ``recv``."""
+
+
+class BroadcastOptions(_PerOpOptions):
+    """Options of ``broadcast``."""
+
+
+class AllReduceOptions(_PerOpOptions):
+    """Options of ``all_reduce``."""
+
+
+class ReduceOptions(_PerOpOptions):
+    """Options of ``reduce``."""
+
+
+class AllGatherOptions(_PerOpOptions):
+    """Options of ``all_gather`` and ``all_gather_v``."""
+
+
+class AllGatherSingleOptions(_PerOpOptions):
+    """Options of ``all_gather_single``."""
+
+
+class ReduceScatterOptions(_PerOpOptions):
+    """Options of ``reduce_scatter`` and ``reduce_scatter_v``."""
+
+
+class ReduceScatterSingleOptions(_PerOpOptions):
+    """Options of ``reduce_scatter_single``."""
+
+
+class AllToAllOptions(_PerOpOptions):
+    """Options of ``all_to_all``."""
+
+
+class AllToAllSingleOptions(_PerOpOptions):
+    """Options of ``all_to_all_single``."""
+
+
+class AllToAllvSingleOptions(_PerOpOptions):
+    """Options of ``all_to_all_v_single``."""
+
+
+class BarrierOptions(_PerOpOptions):
+    """Options of ``barrier``."""
+
+
+class ScatterOptions(_PerOpOptions):
+    """Options of ``scatter``."""
+
+
+class GatherOptions(_PerOpOptions):
+    """Options of ``gather`` and ``gather_single``."""
+
+
+class AllGatherPInitOptions(_PerOpOptions):
+    """Options of ``all_gather_p_init``."""
+
+
+class AllGatherPExecOptions(_PerOpOptions):
+    """Options of ``all_gather_p_exec``."""
+
+
 class AbortReason(enum.Enum):
     """Why a communicator was aborted (``TorchComm.get_abort_info()``)."""
 

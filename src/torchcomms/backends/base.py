@@ -127,6 +127,34 @@ class TorchCommBackend:
             f"tensor_deregister not implemented for communicator:{self._safe_name()}"
         )
 
+    # -- persistent all-gather (upstream: ncclx/rcclx only; the CPU backend has it too) ------
+    def all_gather_p_init(self, output: torch.Tensor, options: Any) -> Any:
+        """Register ``output`` for persistent all-gathers; returns the backend's registration."""
+        raise self._not_implemented("all_gather_p_init")
+
+    def all_gather_p_exec(
+        self, registration: Any, input: torch.Tensor, async_op: bool, options: Any
+    ) -> Any:
+        """Gather every rank's ``input`` into the registered output."""
+        raise self._not_implemented("all_gather_p_exec")
+
+    def all_gather_p_free(self, registration: Any) -> None:
+        """Release a registration (local)."""
+        raise self._not_implemented("all_gather_p_free")
+
+    def get_device_transport(self) -> int:
+        """A device pointer to a GPU transport handle (pipes, for Triton kernels)."""
+        raise BackendNotImplementedError(
+            "[TorchCommBackend]: get_device_transport not implemented for communicator:"
+            f"{self._safe_name()} (a device transport is a GPU-resident handle for Triton "
+            "kernels; this backend has none)"
+        )
+
+    def _not_implemented(self, method: str) -> BackendNotImplementedError:
+        return BackendNotImplementedError(
+            f"[TorchCommBackend]: {method} not implemented for communicator:{self._safe_name()}"
+        )
+
     def _safe_name(self) -> str:
         try:
             return self.get_comm_name()

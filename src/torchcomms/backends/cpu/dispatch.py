@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from torchcomms.backends.cpu import allgather_p
 from torchcomms.backends.cpu.ops import Completion, CpuOps
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommStateError, CommValidationError
@@ -270,6 +271,34 @@ class CpuDispatch(abc.ABC):
         if async_op:
             return self._run(options, True, ops.barrier)
         return self._run_sync(options, ops.barrier, (), (), True)
+
+    # -- persistent all-gather (``allgather_p``) -------------------------------------------
+    def all_gather_p_init(
+        self, output: torch.Tensor, options: OpOptions
+    ) -> allgather_p.Registration:
+        """Collective: the members agree on the registered outputs' size and dtype."""
+        ops = self._transport()
+        mine = allgather_p.descriptor(output)
+        table = torch.empty(2 * ops.size, dtype=torch.int64)
+        self._run_sync(options, ops.all_gather_single, (table, mine), (), True)
+        allgather_p.check_agreement(table, ops.rank, self._prefix(options))
+        return allgather_p.Registration(output)
+
+    def all_gather_p_exec(
+        self,
+        registration: allgather_p.Registration,
+        input: torch.Tensor,
+        async_op: bool,
+        options: OpOptions,
+    ) -> TorchWork:
+        output = registration.output
+        if output is None:  # TorchComm refuses a freed handle first; a plain backend call may not
+            raise CommValidationError(f"{self._prefix(options)}the handle was freed")
+        ops = self._transport()
+        return self._run(options, async_op, ops.all_gather_single, (output, input))
+
+    def all_gather_p_free(self, registration: allgather_p.Registration) -> None:
+        registration.output = None
 
     # -- point-to-point ------------------------------------------------------------------------
     def _p2p(self, p2p_ops: list[P2POp], async_op: bool, options: OpOptions) -> TorchWork:

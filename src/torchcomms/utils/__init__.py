@@ -1,0 +1,5 @@
+"""Upstream's ``torchcomms.utils``: ``_store_manager`` (the stores a communicator bootstraps with).
+
+Not imported by ``import torchcomms``; it may import ``bootstrap`` and the core modules below
+``TorchComm``, never the layers above it.
+"""
