@@ -26,13 +26,11 @@ Case = Callable[[RankContext], Any]
 
 def clean() -> None:
     """Destroy a leftover world and reset distwrap's mode (after a case that failed midway)."""
-    from torchcomms.distwrap import registry
+    from torchcomms.distwrap.new_comm import _reset_state
 
     if dist.is_initialized():
         dist.destroy_process_group()
-    registry.forget_all()
-    registry.set_mode(False, False)
-    registry.restore_torch_switch()
+    _reset_state()
     dist.config.use_torchcomms = False
 
 

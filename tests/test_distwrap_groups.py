@@ -22,7 +22,9 @@ from tests.distwrap_cases import Cases
 from tests.harness import REPO_ROOT, RankContext, run_torchrun
 from torchcomms import distwrap as dist
 from torchcomms._backend_wrapper import _BackendWrapper
-from torchcomms.distwrap import registry
+from torchcomms.distwrap import pginfo, utils
+from torchcomms.distwrap.pginfo import pg_info_get
+from torchcomms.types import ReduceOp
 
 WORLD = 4
 cases = Cases()
@@ -111,7 +113,7 @@ def _split_torchcomms(ctx: RankContext) -> None:
     outs = [torch.zeros(1), torch.zeros(1)]
     dist.all_gather(outs, torch.tensor([float(r)]), group=evens)
     assert [o.item() for o in outs] == [float(r % 2), float(r % 2 + 2)]
-    alone = dist.split_group(group=pairs, split_ranks=[[0], [1]])
+    alone = dist.split_group(parent_pg=pairs, split_ranks=[[0], [1]])
     assert dist.get_process_group_ranks(alone) == [r]
     _sum_of_ranks(alone, [r])
     whole = dist.split_group(pg_options=tdist.ProcessGroupGloo._Options(), backend="gloo")
@@ -127,9 +129,27 @@ def _split_torchcomms(ctx: RankContext) -> None:
     assert isinstance(torch_group, _BackendWrapper)
     _sum_of_ranks(torch_group, [0, 1, 2, 3])
 
+    # Upstream's utility: a registered group gets communicators split from its parent's.
+    holder = tdist.new_group([0, 1, 2, 3])
+    pginfo.pg_info_create(holder, [0, 1, 2, 3], "by_hand")
+    pairs_by_hand = [[0, 3], [1, 2]]
+    partners = pairs_by_hand[0] if r in (0, 3) else pairs_by_hand[1]
+    for desc in ("by_hand", ""):  # "": a name of its own, the same on both members
+        utils.torchcomms_create_split_group(
+            holder, world, pairs_by_hand, desc, None, {"cpu": "gloo"}
+        )
+        comm = utils.get_torchcomms_instance(holder, device_type="cpu")
+        assert comm.get_size() == 2 and comm.get_rank() == partners.index(r)
+        t = torch.full((2,), float(r + 1))
+        comm.all_reduce(t, ReduceOp.SUM, False)
+        assert t.tolist() == [float(sum(p + 1 for p in partners))] * 2
+        comm.finalize()
+    pginfo.pg_info_destroy(holder)
+    tdist.destroy_process_group(holder)
+
     # Destroying a group finalizes its communicator; the rest go on.
     dist.destroy_process_group(evens)
-    assert evens.get_comm()._finalized and registry.info(evens) is None
+    assert evens.get_comm()._finalized and pg_info_get(evens) is None
     with pytest.raises(ValueError, match="Invalid process group specified"):
         dist.destroy_process_group(evens)
     _sum_of_ranks(pairs, mine)
@@ -198,7 +218,7 @@ def _pass_through(ctx: RankContext) -> None:
     assert dist.get_process_group_ranks(pairs) == mine
     _sum_of_ranks(pairs, mine)
     whole = dist.split_group()
-    nested = dist.split_group(group=whole, split_ranks=[[0, 3], [1, 2]])
+    nested = dist.split_group(parent_pg=whole, split_ranks=[[0, 3], [1, 2]])
     assert dist.get_process_group_ranks(nested) == ([0, 3] if r in (0, 3) else [1, 2])
     alone = dist.split_group(split_ranks=[[0], [1], [2], [3]])
     assert dist.get_world_size(alone) == 1
@@ -211,7 +231,7 @@ def _pass_through(ctx: RankContext) -> None:
     assert torch.equal(x, y)
     _refusals_leave_the_world_usable(ctx)
     dist.destroy_process_group(pairs)
-    assert registry.info(pairs) is None
+    assert pg_info_get(pairs) is None
     dist.destroy_process_group()
 
 

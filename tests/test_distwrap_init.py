@@ -22,7 +22,8 @@ from tests.distwrap_cases import Cases
 from tests.harness import RankContext
 from torchcomms import distwrap as dist
 from torchcomms._backend_wrapper import _BackendWrapper
-from torchcomms.distwrap import env
+from torchcomms.distwrap import utils
+from torchcomms.distwrap.pginfo import pg_info_get_group_desc
 
 WORLD = 2
 
@@ -60,8 +61,7 @@ def test_every_exported_name_resolves_and_the_rest_is_forwarded() -> None:
         "scatter", "gather", "barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv",
         "all_gather_object", "gather_object", "scatter_object_list", "broadcast_object_list",
         "get_mem_allocator", "register_mem_pool", "new_window", "reduce_scatter_quantized",
-        "alltoallv_dedup_init", "alltoallv_dedup_exec", "alltoallv_dynamic_dispatch",
-        "alltoallv_dynamic_combine", "_make_nccl_premul_sum", "P2POp",
+        "_make_nccl_premul_sum", "P2POp",
     }  # fmt: skip
     assert upstream <= set(dist.__all__)
     assert all(callable(getattr(dist, n)) for n in upstream)
@@ -89,7 +89,7 @@ def test_torchcomms_init_does_not_import_distwrap() -> None:
 
 
 def test_backend_strings_parse_as_upstream() -> None:
-    parse = env.parse_backend_string
+    parse = utils.parse_backend_string
     assert parse("gloo") == {"cpu": "gloo"}
     assert parse("nccl") == {"cuda": "nccl"}
     assert parse("ncclx") == {"cuda": "ncclx"}
@@ -98,8 +98,8 @@ def test_backend_strings_parse_as_upstream() -> None:
     assert parse(" cpu : gloo , cuda : ncclx ") == {"cpu": "gloo", "cuda": "ncclx"}
     assert parse(tdist.Backend("gloo")) == {"cpu": "gloo"}
     # torch is given the caller's string unless a name needs renaming.
-    assert env.dist_backend_string("gloo", {"cpu": "gloo"}) == "gloo"
-    assert env.dist_backend_string("cpu:gloo,cuda:ncclx", parse("cpu:gloo,cuda:ncclx")) == (
+    assert utils._dist_backend_string("gloo", {"cpu": "gloo"}) == "gloo"
+    assert utils._dist_backend_string("cpu:gloo,cuda:ncclx", parse("cpu:gloo,cuda:ncclx")) == (
         "cpu:gloo,cuda:nccl"
     )
 
@@ -119,21 +119,21 @@ def test_backend_strings_parse_as_upstream() -> None:
 )
 def test_bad_backend_strings_are_refused(backend: object, error: type, text: str) -> None:
     with pytest.raises(error, match=text.replace("(", r"\(")):
-        env.parse_backend_string(backend)
+        utils.parse_backend_string(backend)
 
 
 def test_pg_options_become_hints() -> None:
     opts = tdist.ProcessGroupGloo._Options()
     opts.group_name = "g1"
-    hints = env.pg_options_to_hints(opts)
+    hints = utils._pg_options_to_hints(opts)
     assert hints is not None and hints["group_name"] == "g1" and "backend" in hints
-    assert env.pg_options_to_hints(None) is None
-    assert env.pg_options_to_hints({"a": 1}) == {"a": "1"}
+    assert utils._pg_options_to_hints(None) is None
+    assert utils._pg_options_to_hints({"a": 1}) == {"a": "1"}
 
 
 # -- rank and world size from the environment ------------------------------------------------
 
-_ALL_VARS = [v for pair in env.RANK_ENV_PAIRS for v in pair]
+_ALL_VARS = [v for pair in utils._RANK_ENV_PAIRS for v in pair]
 
 
 @pytest.mark.parametrize(
@@ -154,25 +154,86 @@ def test_rank_and_size_from_the_environment(
         monkeypatch.delenv(var, raising=False)
     for var, value in set_vars.items():
         monkeypatch.setenv(var, value)
-    assert env.get_rank_and_world_size(-1, -1) == expected
+    assert utils.get_rank_and_world_size(-1, -1) == expected
     # Arguments win over the environment.
-    assert env.get_rank_and_world_size(0, 1) == (0, 1)
+    assert utils.get_rank_and_world_size(0, 1) == (0, 1)
 
 
 def test_rank_and_size_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in _ALL_VARS:
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(AssertionError, match="rank must be specified either as a parameter"):
-        env.get_rank_and_world_size(-1, 2)
+        utils.get_rank_and_world_size(-1, 2)
     with pytest.raises(AssertionError, match="world_size must be specified either as a param"):
-        env.get_rank_and_world_size(0, -1)
+        utils.get_rank_and_world_size(0, -1)
     monkeypatch.setenv("RANK", "one")
     with pytest.raises(ValueError, match="environment variable RANK must be an integer"):
-        env.get_rank_and_world_size(-1, 2)
+        utils.get_rank_and_world_size(-1, 2)
     with pytest.raises(ValueError, match=r"rank 2 is outside the world: expected 0 <= rank < 2"):
-        env.get_rank_and_world_size(2, 2)
+        utils.get_rank_and_world_size(2, 2)
     with pytest.raises(ValueError, match="world_size must be a positive integer, got 0"):
-        env.get_rank_and_world_size(0, 0)
+        utils.get_rank_and_world_size(0, 0)
+
+
+# -- pginfo and the lookups (in process, on stand-in group keys) -----------------------------
+
+
+def test_pginfo_records_and_upstream_s_errors() -> None:
+    from torchcomms.distwrap import pginfo
+
+    pg = tdist.HashStore()  # any hashable object keys the registry; no world needed
+    with pytest.raises(AssertionError, match="not registered"):
+        pginfo.pg_info_assert_registered(pg)
+    assert pginfo.pg_info_get(pg) is None
+    pginfo.pg_info_create(pg, [4, 2, 7], None)
+    try:
+        with pytest.raises(AssertionError, match="already registered"):
+            pginfo.pg_info_create(pg, [4], "again")
+        assert pginfo.pg_info_get_global_ranks(pg) == [4, 2, 7]
+        assert pginfo.pg_info_get_rank_map(pg) == {4: 0, 2: 1, 7: 2}
+        assert pginfo.pg_info_get_group_desc(pg) == ""
+        with pytest.raises(AssertionError, match="Key 'torchcomms' not found"):
+            pginfo.pg_info_get_data(pg, "torchcomms")
+        pginfo.pg_info_set_data(pg, "device_backends", {"cpu": "gloo"})
+        assert utils.get_backend_for_device(pg, "cpu") == "gloo"
+        with pytest.raises(AssertionError, match="Device type 'cuda' not found"):
+            utils.get_backend_for_device(pg, "cuda")
+        assert utils.get_group_rank(pg, 7) == 2
+        with pytest.raises(ValueError, match=r"Global rank 3 is not in process group\. Group "
+                                             r"ranks: \[4, 2, 7\]"):  # fmt: skip
+            utils.get_group_rank(pg, 3)
+        with pytest.raises(ValueError, match="Either device_type or tensor must be provided"):
+            utils.get_torchcomms_instance(pg)
+        pginfo.pg_info_set_data(pg, "torchcomms", {})
+        with pytest.raises(AssertionError, match="No torchcomms instances found"):
+            utils.get_torchcomms_instance(pg, tensor=torch.zeros(1))
+        marker = object()
+        pginfo.pg_info_set_data(pg, "torchcomms", {"cpu": marker})
+        assert utils.get_torchcomms_instance(pg, tensor=torch.zeros(1)) is marker
+        with pytest.raises(ValueError, match=r"No torchcomms instance for device type 'meta'\. "
+                                             r"Available: cpu"):  # fmt: skip
+            utils.get_torchcomms_instance(pg, device_type="meta")
+    finally:
+        pginfo.pg_info_destroy(pg)
+    pginfo.pg_info_destroy(pg)  # a second time: nothing happens
+    assert pginfo.pg_info_get(pg) is None
+
+
+def test_mode_switches_and_get_group_without_a_world() -> None:
+    assert not utils.torchcomms_is_enabled() and not utils.eager_init_is_enabled()
+    utils.set_torchcomms_enabled(True)
+    utils.set_eager_init_enabled(True)
+    try:
+        assert utils.torchcomms_is_enabled() and utils.eager_init_is_enabled()
+        assert dist.torchcomms_is_enabled()
+    finally:
+        utils.set_torchcomms_enabled(False)
+        utils.set_eager_init_enabled(False)
+    sentinel = object()
+    assert utils.get_group(sentinel) is sentinel
+    with pytest.raises(AssertionError, match=r"dist\.group\.WORLD is not initialized"):
+        utils.get_group(None)
+    assert utils.format_backend_string({"cpu": "gloo", "cuda": "nccl"}) == "cpu:gloo,cuda:nccl"
 
 
 # -- refused before anything is initialised (in process) -------------------------------------
@@ -205,8 +266,6 @@ def test_calls_that_need_a_world_or_torchcomms() -> None:
     t = torch.zeros(2)
     with pytest.raises(AssertionError, match="reduce_scatter_quantized requires torchcomms"):
         dist.reduce_scatter_quantized(t, t, dist.ReduceOp.SUM, torch.tensor([1]))
-    with pytest.raises(AssertionError, match="alltoallv_dedup_init requires torchcomms"):
-        dist.alltoallv_dedup_init(1, 1, 1, 1, torch.float)
     with pytest.raises(AssertionError, match="Process group is not initialized"):
         dist.destroy_process_group()
 
@@ -287,8 +346,6 @@ def _from_env(ctx: RankContext) -> None:
 
 @cases.case("timeout_group_name_pg_options")
 def _named(ctx: RankContext) -> None:
-    from torchcomms.distwrap import registry
-
     timeout = timedelta(seconds=45)
     opts = tdist.ProcessGroupGloo._Options()
     for torchcomms in (False, True):
@@ -304,8 +361,7 @@ def _named(ctx: RankContext) -> None:
         world = dist.group.WORLD
         assert world is not None
         # torch ignores group_name (its default group is always "0"); distwrap records it.
-        found = registry.info(world)
-        assert found is not None and found.group_desc == f"trainers{int(torchcomms)}"
+        assert pg_info_get_group_desc(world) == f"trainers{int(torchcomms)}"
         if torchcomms:
             assert isinstance(world, _BackendWrapper)
             comm = world.get_comm()
@@ -319,16 +375,14 @@ def _named(ctx: RankContext) -> None:
 
 @cases.case("device_id")
 def _device_id(ctx: RankContext) -> None:
-    from torchcomms.distwrap import registry
-
     # Passed through: torch refuses a CPU device id, and distwrap is left as it was.
     with pytest.raises(ValueError, match="device_id parameter must be an accelerator"):
         dist.init_process_group("gloo", store=_store(ctx), device_id=torch.device("cpu"))
-    assert not dist.is_initialized() and not registry.eager_init_is_enabled()
+    assert not dist.is_initialized() and not utils.eager_init_is_enabled()
     # With torchcomms the device id is ignored (upstream), even one torch would refuse.
     dist.init_process_group("gloo", store=_store(ctx), device_id=0, use_torchcomms=True)
     _check_world(ctx, True)
-    assert not registry.eager_init_is_enabled()
+    assert not utils.eager_init_is_enabled()
     _destroy()
 
 

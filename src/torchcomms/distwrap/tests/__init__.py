@@ -1,5 +1,5 @@
-"""Test support shipped inside distwrap, at the dotted paths upstream's distwrap tests import.
+"""Tests shipped inside distwrap, at the dotted paths upstream's distwrap tests use.
 
-Owns ``integration.test_helpers``.  Imports only ``torch``, the standard library and
-``torchcomms.distwrap``; nothing in torchcomms imports it.
+Owns ``integration`` (``test_helpers`` and our ``ImportOrderTest``).  Imports only ``torch``,
+the standard library and ``torchcomms``; nothing in torchcomms imports it.
 """

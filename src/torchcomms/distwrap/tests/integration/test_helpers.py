@@ -14,7 +14,7 @@ import os
 import torch
 
 from torchcomms import distwrap as dist
-from torchcomms.distwrap.env import RANK_ENV_PAIRS
+from torchcomms.distwrap.utils import _RANK_ENV_PAIRS
 
 _DTYPE_NAMES = {
     torch.half: "Half",
@@ -48,7 +48,7 @@ def get_op_name(op: object) -> str:
 
 def get_rank_and_size() -> tuple[int, int]:
     """(rank, size) from the first launcher that set both of its variables."""
-    for rank_var, size_var in RANK_ENV_PAIRS:
+    for rank_var, size_var in _RANK_ENV_PAIRS:
         rank, size = os.environ.get(rank_var), os.environ.get(size_var)
         if rank is not None and size is not None:
             return int(rank), int(size)

@@ -1,16 +1,18 @@
 """Process groups: ``init_process_group``, ``new_group``, ``split_group``, ``destroy_process_group``.
 
-``init_process_group(..., use_torchcomms=True)`` makes the world with torch's own torchcomms
-switch (``torch.distributed.config.use_torchcomms``) turned on for the world's lifetime: the
-default group is a ``_BackendWrapper`` over a ``TorchComm`` that torch creates on its
-rendezvous store (with a flight recorder), so distwrap's calls and torch.distributed's own
-(DDP, FSDP, a direct ``dist.all_reduce``) run on the same communicator, in one issue order.
-distwrap then gives that communicator the ``timeout`` torch does not pass on.  ``split_group``
-splits the parent's communicator (``TorchComm.split``) and registers the child as a
-``_BackendWrapper`` group; ``new_group`` is refused, as upstream refuses it.
+Upstream's ``new_comm``.  ``init_process_group(..., use_torchcomms=True)`` makes the world
+with torch's own torchcomms switch (``torch.distributed.config.use_torchcomms``) turned on for
+the world's lifetime: the default group is a ``_BackendWrapper`` over a ``TorchComm`` that
+torch creates on its rendezvous store (with a flight recorder), so distwrap's calls and
+torch.distributed's own (DDP, FSDP, a direct ``dist.all_reduce``) run on the same
+communicator, in one issue order.  distwrap then gives that communicator the ``timeout``
+torch does not pass on.  ``split_group`` splits the parent's communicator (``TorchComm.split``)
+and registers the child as a ``_BackendWrapper`` group; ``new_group`` is refused, as upstream
+refuses it.
 
 Without torchcomms every call is torch.distributed's, except ``split_group`` where torch
-cannot split (gloo, or no ``device_id``): then ``fallback.split_by_new_group``.
+cannot split (gloo, or no ``device_id``): then ``fallback.fallback_split_group_new_group``'s
+way.  Every group distwrap makes is registered in ``pginfo``.
 
 Everything is validated before any state changes, so a refused call leaves the process as
 it was (and the world, if there is one, usable).
@@ -25,11 +27,35 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed import ProcessGroup
 from torch.distributed import distributed_c10d as c10d_py
 
 from torchcomms._backend_wrapper import _BackendWrapper
 from torchcomms.device_mesh import _create_torchcomm_process_group
-from torchcomms.distwrap import env, fallback, registry
+from torchcomms.distwrap import pginfo
+from torchcomms.distwrap.fallback import _split_by_new_group
+from torchcomms.distwrap.pginfo import (
+    pg_info_create,
+    pg_info_destroy,
+    pg_info_get,
+    pg_info_set_data,
+)
+from torchcomms.distwrap.utils import (
+    _adopt,
+    _dist_backend_string,
+    _enable_torch_switch,
+    _group_name,
+    _pg_options_to_hints,
+    _restore_torch_switch,
+    _split_comms,
+    eager_init_is_enabled,
+    format_backend_string,
+    get_rank_and_world_size,
+    parse_backend_string,
+    set_eager_init_enabled,
+    set_torchcomms_enabled,
+    torchcomms_is_enabled,
+)
 
 
 def _available(device_type: str) -> bool:
@@ -51,7 +77,7 @@ def _check_torchcomms_devices(device_backends: dict[str, str]) -> None:
     if len(device_backends) > 1:
         raise RuntimeError(
             "init_process_group: use_torchcomms=True supports one device type per world in "
-            f"this implementation, got {env.format_backend_string(device_backends)!r}"
+            f"this implementation, got {format_backend_string(device_backends)!r}"
         )
 
 
@@ -75,8 +101,16 @@ def _shared_store(rank: int, world_size: int, timeout: timedelta | None) -> dist
     )
 
 
+def _reset_state() -> None:
+    """Forget every group, leave torchcomms mode and restore torch's switch."""
+    pginfo._forget_all()
+    set_torchcomms_enabled(False)
+    set_eager_init_enabled(False)
+    _restore_torch_switch()
+
+
 def init_process_group(
-    backend: str | None = None,
+    backend: str | dist.Backend | None = None,
     init_method: str | None = None,
     timeout: timedelta | None = None,
     world_size: int = -1,
@@ -95,8 +129,9 @@ def init_process_group(
         raise ValueError("backend must be specified")
     if dist.is_initialized():
         raise ValueError("trying to initialize the default process group twice!")
-    device_backends = env.parse_backend_string(backend)
-    rank, world_size = env.get_rank_and_world_size(rank, world_size)
+    device_backends = parse_backend_string(backend)
+    rank, world_size = get_rank_and_world_size(rank, world_size)
+    tc_store: dist.Store | None = None
     if use_torchcomms:
         _check_torchcomms_devices(device_backends)
         if not c10d_py._TORCHCOMM_AVAILABLE:
@@ -106,12 +141,13 @@ def init_process_group(
             )
         device_id = None
         if store is None and init_method is None and not _env_rendezvous():
-            store = _shared_store(rank, world_size, timeout)
-        registry.enable_torch_switch()
-    registry.set_mode(use_torchcomms, device_id is not None)
+            store = tc_store = _shared_store(rank, world_size, timeout)
+        _enable_torch_switch()
+    set_torchcomms_enabled(use_torchcomms)
+    set_eager_init_enabled(device_id is not None)
     try:
         dist.init_process_group(
-            backend=env.dist_backend_string(backend, device_backends),
+            backend=_dist_backend_string(str(backend), device_backends),
             init_method=init_method,
             timeout=timeout,
             world_size=world_size,
@@ -124,7 +160,8 @@ def init_process_group(
         world = dist.group.WORLD
         if world is None:
             raise AssertionError("World process group is not initialized")
-        info = registry.GroupInfo(list(range(world_size)), group_name, device_backends)
+        pg_info_create(world, list(range(world_size)), group_name)
+        pg_info_set_data(world, "device_backends", device_backends)
         if use_torchcomms:
             if not isinstance(world, _BackendWrapper):
                 raise RuntimeError(
@@ -135,21 +172,19 @@ def init_process_group(
             if timeout is not None:
                 comm.set_timeout(timeout)
                 world._set_default_timeout(timeout)
-            hints = env.pg_options_to_hints(pg_options)
+            hints = _pg_options_to_hints(pg_options)
             if hints:
                 comm.set_hints(hints)
-            info.comms = {comm.get_device().type: comm}
-        registry.register(world, info)
+            pg_info_set_data(world, "tc_store", tc_store)
+            pg_info_set_data(world, "torchcomms", {comm.get_device().type: comm})
     except BaseException:
         if dist.is_initialized():
             dist.destroy_process_group()
-        registry.forget_all()
-        registry.set_mode(False, False)
-        registry.restore_torch_switch()
+        _reset_state()
         raise
 
 
-def _require_init(op: str) -> dist.ProcessGroup:
+def _require_init(op: str) -> ProcessGroup:
     world = dist.group.WORLD
     if not dist.is_initialized() or world is None:
         raise AssertionError(f"{op} called before init_process_group")
@@ -164,27 +199,28 @@ def new_group(
     use_local_synchronization: bool = False,
     group_desc: str | None = None,
     device_id: torch.device | None = None,
-) -> dist.ProcessGroup:
+) -> ProcessGroup:
     """torch.distributed's ``new_group`` (``backend`` required); refused with torchcomms."""
     _require_init("new_group")
-    if registry.torchcomms_is_enabled():
+    if torchcomms_is_enabled():
         raise AssertionError("new_group is not supported with torchcomms. Use split_group instead.")
     if backend is None:
         raise ValueError("backend must be specified")
-    device_backends = env.parse_backend_string(backend)
+    device_backends = parse_backend_string(backend)
     if ranks is None:
         ranks = list(range(dist.get_world_size()))
     pg = dist.new_group(
         ranks=ranks,
         timeout=timeout,
-        backend=env.dist_backend_string(backend, device_backends),
+        backend=_dist_backend_string(backend, device_backends),
         pg_options=pg_options,
         use_local_synchronization=use_local_synchronization,
         group_desc=group_desc,
         device_id=device_id,
     )
     if pg is not dist.GroupMember.NON_GROUP_MEMBER:
-        registry.register(pg, registry.GroupInfo(sorted(ranks), group_desc or "", device_backends))
+        pg_info_create(pg, sorted(ranks), group_desc)
+        pg_info_set_data(pg, "device_backends", device_backends)
     return pg
 
 
@@ -211,47 +247,49 @@ def _my_split(split_ranks: Any, size: int, me: int) -> list[int] | None:
     return mine
 
 
-def _split_name(parent: dist.ProcessGroup, count: int, ranks: list[int]) -> str:
-    digest = hashlib.sha1(",".join(map(str, ranks)).encode()).hexdigest()[:12]
-    return f"{parent.group_name}:split{count}:{digest}"
+def _device_backends_of(parent: ProcessGroup, backend: str | None) -> dict[str, str]:
+    """The child's ``{device: backend}``: ``backend``'s (a subset of the parent's) or the parent's."""
+    found = pg_info_get(parent)
+    known: dict[str, str] = dict(found.data.get("device_backends", {})) if found else {}
+    if backend is None:
+        return known
+    device_backends = parse_backend_string(backend)
+    for device_type, name in device_backends.items():
+        if known.get(device_type) not in (None, name) or (known and device_type not in known):
+            raise ValueError(
+                f"split_group: backend {name!r} for device {device_type!r} is not one of "
+                f"the parent group's ({format_backend_string(known)})"
+            )
+    return device_backends
 
 
 def split_group(
-    group: dist.ProcessGroup | None = None,
+    parent_pg: ProcessGroup | None = None,
     split_ranks: list[list[int]] | None = None,
     timeout: timedelta | None = None,
     pg_options: Any | None = None,
     group_desc: str | None = None,
     backend: str | None = None,
-) -> dist.ProcessGroup:
-    """This rank's group of ``split_ranks`` (ranks of ``group``, default the world).
+) -> ProcessGroup | None:
+    """This rank's group of ``split_ranks`` (ranks of ``parent_pg``, default the world).
 
     Every rank of the parent calls it.  A rank in none of the lists takes part, then gets
     ``ValueError`` (upstream's); ``backend`` keeps a subset of the parent's device backends.
     """
     world = _require_init("split_group")
-    parent = group if group is not None else world
+    parent = parent_pg if parent_pg is not None else world
+    _adopt(parent)
     me, size = dist.get_rank(parent), dist.get_world_size(parent)
     if me < 0:
         raise ValueError(f"split_group: this rank is not a member of the parent group {parent}")
     if split_ranks is None:
         split_ranks = [list(range(size))]
     mine = _my_split(split_ranks, size, me)
-    parent_info = registry.info(parent)
-    if backend is not None:
-        device_backends = env.parse_backend_string(backend)
-        known = parent_info.device_backends if parent_info is not None else {}
-        for device_type, name in device_backends.items():
-            if known.get(device_type) not in (None, name) or (known and device_type not in known):
-                raise ValueError(
-                    f"split_group: backend {name!r} for device {device_type!r} is not one of "
-                    f"the parent group's ({env.format_backend_string(known)})"
-                )
-    else:
-        device_backends = dict(parent_info.device_backends) if parent_info is not None else {}
-    if registry.torchcomms_is_enabled():
+    device_backends = _device_backends_of(parent, backend)
+    new_pg: ProcessGroup | None
+    if torchcomms_is_enabled():
         new_pg = _split_torchcomms(parent, mine, timeout, pg_options, group_desc, device_backends)
-    elif all(b != "gloo" for b in device_backends.values()) and registry.eager_init_is_enabled():
+    elif all(b != "gloo" for b in device_backends.values()) and eager_init_is_enabled():
         new_pg = dist.split_group(
             parent,
             split_ranks=split_ranks,
@@ -260,45 +298,43 @@ def split_group(
             group_desc=group_desc,
         )
     else:
-        new_pg = fallback.split_by_new_group(parent, mine, timeout, pg_options, group_desc)
+        new_pg = _split_by_new_group(parent, mine, timeout, pg_options, group_desc)
     if mine is None or new_pg is None:
         raise ValueError(f"Rank {me} not found in any split_ranks group")
-    if registry.info(new_pg) is None:
+    if pg_info_get(new_pg) is None:
         to_global = list(dist.get_process_group_ranks(parent))
-        registry.register(
-            new_pg,
-            registry.GroupInfo([to_global[r] for r in mine], group_desc or "", device_backends),
-        )
+        pg_info_create(new_pg, [to_global[r] for r in mine], group_desc)
+        pg_info_set_data(new_pg, "device_backends", device_backends)
     return new_pg
 
 
+def _split_name(parent: ProcessGroup, count: int, ranks: list[int]) -> str:
+    digest = hashlib.sha1(",".join(map(str, ranks)).encode()).hexdigest()[:12]
+    return f"{_group_name(parent)}:split{count}:{digest}"
+
+
 def _split_torchcomms(
-    parent: dist.ProcessGroup,
+    parent: ProcessGroup,
     mine: list[int] | None,
     timeout: timedelta | None,
     pg_options: Any,
     group_desc: str | None,
     device_backends: dict[str, str],
-) -> dist.ProcessGroup | None:
+) -> ProcessGroup | None:
     """Split each of the parent's communicators kept by ``device_backends``; register the child."""
-    parent_info = registry.info(parent)
-    if parent_info is None or not parent_info.comms:
+    found = pg_info_get(parent)
+    if found is None or not found.data.get("torchcomms"):
         raise ValueError(
             f"split_group: No torchcomms instances found for parent process group {parent}"
         )
-    parent_info.splits += 1
-    hints = env.pg_options_to_hints(pg_options)
+    # Every rank of the parent counts the same splits, so the child's name agrees.
+    count = found.data["split_count"] = found.data.get("split_count", 0) + 1
     to_global = list(dist.get_process_group_ranks(parent))
     members = [to_global[r] for r in mine] if mine is not None else []
-    name = _split_name(parent, parent_info.splits, members)
-    children = {}
-    for device_type, parent_comm in parent_info.comms.items():
-        if device_type not in device_backends:
-            continue
-        child_timeout = timeout or parent_comm.get_options().timeout
-        child = parent_comm.split(mine or [], name, hints=hints, timeout=child_timeout)
-        if child is not None:
-            children[device_type] = child
+    name = _split_name(parent, count, members)
+    children = _split_comms(
+        parent, mine or [], name, _pg_options_to_hints(pg_options), timeout, device_backends
+    )
     if mine is None or not children:
         return None
     device_type, comm = next(iter(children.items()))
@@ -311,13 +347,13 @@ def _split_torchcomms(
     assert isinstance(pg, _BackendWrapper)
     pg._set_group_desc(group_desc or name)
     pg._set_default_timeout(comm.get_options().timeout)
-    registry.register(
-        pg, registry.GroupInfo(members, group_desc or "", dict(device_backends), children)
-    )
+    pg_info_create(pg, members, group_desc)
+    pg_info_set_data(pg, "device_backends", dict(device_backends))
+    pg_info_set_data(pg, "torchcomms", children)
     return pg
 
 
-def destroy_process_group(group: dist.ProcessGroup | None = None) -> None:
+def destroy_process_group(group: ProcessGroup | None = None) -> None:
     """Destroy ``group`` (default: the world and every group); finalizes its communicators."""
     world = dist.group.WORLD
     if group is None:
@@ -330,8 +366,6 @@ def destroy_process_group(group: dist.ProcessGroup | None = None) -> None:
         dist.destroy_process_group(group)
     finally:
         if whole:
-            registry.forget_all()
-            registry.set_mode(False, False)
-            registry.restore_torch_switch()
+            _reset_state()
         else:
-            registry.forget(group)
+            pg_info_destroy(group)
