@@ -42,7 +42,6 @@ import logging
 import socket
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,7 +52,7 @@ import torch._C._distributed_c10d as c10d
 
 from torchcomms import c10d_caller, config
 from torchcomms.deadline import Deadline
-from torchcomms.errors import CommError, CommTimeoutError, PeerFailureError
+from torchcomms.errors import CommError, CommTimeoutError, PeerFailureError, forget_frames
 from torchcomms.store_counts import CountingStore
 from torchcomms.transport.errors import ranks_text
 from torchcomms.transport.gloo.process_group import underlying_tcp_host
@@ -72,6 +71,8 @@ LOOPBACK = "127.0.0.1"
 _SERVE_ATTEMPTS = 5
 #: Below this many seconds left, a deadline counts as passed.
 _MIN_WAIT_S = 0.01
+#: The longest pause between two connects to a bootstrap server that is not up yet.
+_LISTENER_POLL_MAX_S = 0.02
 
 
 def _pair(rank_var: str, size_vars: tuple[str, ...]) -> tuple[int, int] | None:
@@ -279,6 +280,24 @@ def _client(
         raise error from exc
 
 
+def _await_listener(addr: str, port: int, deadline: Deadline) -> None:
+    """Wait until something accepts connections on ``addr:port`` (bounded by ``deadline``).
+
+    c10d's client retries a refused connect with a back-off that grows towards a second:
+    the members of a job that creates communicators one after another would pay it at
+    every bootstrap, since rank 0 serves ``MASTER_PORT`` only while it bootstraps.  A
+    plain connect, retried every few milliseconds, costs the server nothing (it sees a
+    client that leaves).  Gives up silently: ``_client`` then says what went wrong."""
+    pause = 0.001
+    while deadline.left_s() > _MIN_WAIT_S:
+        try:
+            with socket.create_connection((addr, port), timeout=min(deadline.left_s(), 1.0)):
+                return
+        except OSError:
+            time.sleep(min(pause, max(deadline.left_s(), 0.0)))
+            pause = min(pause * 2, _LISTENER_POLL_MAX_S)
+
+
 # -- waits with a deadline ------------------------------------------------------------------------
 class _StoreGone(PeerFailureError):
     """The store stopped answering while this rank waited on it (its server is gone)."""
@@ -330,17 +349,6 @@ def _wait_keys(
     )
     error.ranks = tuple(missing)
     raise error from wait_error
-
-
-
-def _forget_frames(exc: BaseException) -> None:
-    """Drop the locals of every frame an exception chain holds, so that it pins no store."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        traceback.clear_frames(current.__traceback__)
-        current = current.__cause__ or current.__context__
 
 
 # -- the comm's store -----------------------------------------------------------------------------
@@ -523,6 +531,7 @@ def _storeless(
         elif rank == 0:
             held = _serve_or_join_master(addr, port, deadline, where)
         else:
+            _await_listener(addr, port, deadline)
             held = _BootstrapStore(_client(addr, port, deadline, where, "rank 0", 0))
         try:
             assert held.store is not None
@@ -577,7 +586,7 @@ def create_comm_store(
         comm_store.durable = durable
         return comm_store
     except BaseException as exc:
-        _forget_frames(exc)  # a caller that keeps the exception must not keep our servers
+        forget_frames(exc)  # a caller that keeps the exception must not keep our servers
         raise
 
 

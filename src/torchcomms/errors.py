@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import traceback
+
 
 class CommError(RuntimeError):
     """Base class of every error raised by a communicator."""
@@ -42,3 +44,15 @@ class CollectiveMismatchError(CommError):
 
 class BackendNotImplementedError(CommError):
     """The backend does not implement the called method (upstream's "pure virtual" error)."""
+
+
+def forget_frames(exc: BaseException) -> None:
+    """Drop the locals of every finished frame an exception chain holds (the text of its
+    traceback stays): an error a caller or the flight recorder keeps must not keep what
+    those frames held alive (a gloo call, and through it a store server)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__

@@ -116,17 +116,23 @@ class OpExecutor:
                     return
                 body, work = self._queue.popleft()
                 self._running = work
-            work._mark_started()
-            try:
-                completion = body()
-            except BaseException as exc:
-                if aborted.is_set and not isinstance(exc, CommAbortedError):
-                    exc = AbortSignal.error_for(work._description, exc)
-                work._finish(exc)
-            else:
-                work._finish(None, completion)
-            finally:
-                with self._lock:
-                    self._running = None
-                    self._unfinished -= 1
-                    self._lock.notify_all()
+            self._run_one(body, work)
+            # The idle thread must not keep the last op (and through it its communicator)
+            # alive: a comm dropped without ``finalize`` is released by its collection.
+            del body, work
+
+    def _run_one(self, body: OpBody, work: AsyncWork) -> None:
+        work._mark_started()
+        try:
+            completion = body()
+        except BaseException as exc:
+            if self.aborted.is_set and not isinstance(exc, CommAbortedError):
+                exc = AbortSignal.error_for(work._description, exc)
+            work._finish(exc)
+        else:
+            work._finish(None, completion)
+        finally:
+            with self._lock:
+                self._running = None
+                self._unfinished -= 1
+                self._lock.notify_all()

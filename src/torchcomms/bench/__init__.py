@@ -2,7 +2,8 @@
 
 Modules, one concern each: ``cli`` (flags), ``launch`` (spawning local ranks), ``ops`` (the
 op table), ``runner`` (the timing harness), ``metrics`` (formulas), ``memprobe`` (memory
-bandwidth), ``env`` (machine description), ``report`` (table, progress, JSON), ``plot`` (PNG).
+bandwidth), ``env`` (machine description), ``report`` (table, progress, JSON), ``plot`` (PNG),
+``resources`` (what a process holds: the churn checks).
 Not imported by ``torchcomms`` itself, so it may import ``torch.distributed``, the public API
 and ``transport`` (the raw-gloo baseline's process group); nothing imports it back.
 """

@@ -48,6 +48,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from torchcomms import config, opinfo
@@ -145,6 +146,10 @@ _ONE_TENSOR = frozenset(
 
 
 # -- the ring buffer (the observer attached to communicators) -------------------------------------
+def _nobody() -> None:
+    return None
+
+
 class _Ring:
     """A bounded buffer of entries; it is the ``OpObserver`` attached to each communicator."""
 
@@ -154,7 +159,9 @@ class _Ring:
         self.buf: deque[Entry] = deque(maxlen=max_entries)
         self.ids = itertools.count()
         self.seqs: weakref.WeakKeyDictionary[TorchComm, _SeqState] = weakref.WeakKeyDictionary()
-        self.last_comm: Any = None
+        # The last comm seen, weakly: a recorder must not keep a comm dropped without
+        # ``finalize`` (its threads and sockets) alive.
+        self.last_comm: Callable[[], TorchComm | None] = _nobody
         self.last_seq: _SeqState | None = None
         self.regs: weakref.WeakKeyDictionary[TorchComm, list[RemovableHandle]] = (
             weakref.WeakKeyDictionary()
@@ -167,13 +174,13 @@ class _Ring:
         st = self.seqs.get(comm)
         if st is None:
             st = self.seqs[comm] = _SeqState(comm_meta(comm))
-        self.last_comm = comm
+        self.last_comm = weakref.ref(comm)
         self.last_seq = st
         return st
 
     def op_scheduled(self, record: OpRecord) -> None:
         comm = record.comm
-        st = self.last_seq if comm is self.last_comm else self._seq(comm)
+        st = self.last_seq if self.last_comm() is comm else self._seq(comm)
         assert st is not None
         value = record.name._value_
         args = record.args
@@ -206,7 +213,7 @@ class _Ring:
         timeout: Any,
     ) -> SyncRecord:
         """``op_scheduled`` for a sync op on the fast lane (``oprecord.LaneObserver``)."""
-        st = self.last_seq if comm is self.last_comm else self._seq(comm)
+        st = self.last_seq if self.last_comm() is comm else self._seq(comm)
         assert st is not None
         if peer >= 0:
             st.p2p += 1

@@ -21,6 +21,7 @@ import atexit
 import copy
 import hashlib
 import logging
+import sys
 import weakref
 from collections import defaultdict
 from collections.abc import Sequence
@@ -51,6 +52,7 @@ from torchcomms.errors import (
     CommStateError,
     CommTimeoutError,
     PeerFailureError,
+    forget_frames,
 )
 from torchcomms.executor import OpExecutor
 from torchcomms.state import CommState
@@ -202,16 +204,38 @@ class TorchCommGloo(CpuDispatch, CommBackend):
         self._release(join_timeout_s=self._timeout.total_seconds())
         self._handle_server = None  # its store server stops once no comm store keeps it
 
-    def _release(self, join_timeout_s: float) -> None:
+    def __del__(self) -> None:
+        """Dropped without ``finalize``: release everything now, waiting for nobody (the
+        objects of a communicator refer to each other, so the garbage collector, not a
+        reference count, gets here; threads and sockets must not wait for it for ever)."""
+        if sys.is_finalizing():  # interpreter teardown: ``_release_live_comms`` ran
+            return
+        try:
+            if self._ops is not None or self._store is not None or self._executor is not None:
+                self._release(join_timeout_s=0.2, detach=False)  # an idle executor ends at once
+            self._handle_server = None
+        except Exception:  # nothing may escape a destructor
+            logger.debug("releasing a dropped communicator raised", exc_info=True)
+
+    def _release(self, join_timeout_s: float, detach: bool = True) -> None:
         """Finish queued ops (bounded), then drop the transport and the store.
 
-        Every way out of a connected comm (``finalize``, the next ``reconfigure``, exit) comes
-        here: rank 0 first waits (bounded) until the members read the final handshake's
-        verdict from the store it serves (``connect.members_detached``)."""
+        Every way out of a connected comm (``finalize``, the next ``reconfigure``, exit,
+        garbage collection) comes here: rank 0 first waits (bounded by the comm's timeout)
+        until the members read the final handshake's verdict from the store it serves
+        (``connect.members_detached``; ``detach=False`` skips that)."""
         _live.discard(self)
-        store, status = self._store, self._status
-        if self._rank == 0 and self._ops is not None and store is not None and status.cause is None:
-            cpu_connect.members_detached(store.store, "connected", self._size)
+        store, status, ops = self._store, self._status, self._ops
+        healthy = status.cause is None and not status.aborted
+        if detach and healthy and self._rank == 0 and ops is not None and store is not None:
+            dead_peers = ops.dead_peers
+            cpu_connect.members_detached(
+                store.store,
+                "connected",
+                self._size,
+                Deadline(self._timeout),
+                lambda: len(dead_peers()),
+            )
         executor, self._executor = self._executor, None
         if executor is not None:
             executor.close(join_timeout_s)
@@ -564,7 +588,12 @@ class TorchCommGloo(CpuDispatch, CommBackend):
     def _translate(
         self, exc: BaseException, opts: OpOptions, peers: Sequence[int] = ()
     ) -> BaseException:
-        """The typed error for ``exc``; a timeout, dead peer or mismatch fails the comm."""
+        """The typed error for ``exc``; a timeout, dead peer or mismatch fails the comm.
+
+        The frames ``exc`` went through lose their locals: the error lives on (the caller's,
+        the flight recorder's, the comm's cause), and must not keep the op's gloo call, and
+        through it the comm's store server, alive after ``finalize``."""
+        forget_frames(exc)
         dead = self._ops.dead_peers if self._ops is not None else list
         prefix = self._prefix(opts)
         error, failed = cpu_errors.typed_error(exc, prefix, opts.timeout, peers, dead)

@@ -230,30 +230,38 @@ def failure_from(verdict: str, prefix: str, what: str) -> CommError:
     return error
 
 
-#: How long rank 0's finalize waits for members still reading the connect verdict.
-DETACH_WAIT_S = 2.0
+#: The longest pause between two looks of rank 0's finalize at the members' acknowledgements.
+_DETACH_POLL_MAX_S = 0.01
 
 
 def members_detached(
-    store: c10d.Store, key: str, size: int, within_s: float = DETACH_WAIT_S
+    store: c10d.Store,
+    key: str,
+    size: int,
+    deadline: Deadline,
+    gone: Callable[[], int] = lambda: 0,
 ) -> bool:
     """Whether every other member acknowledged ``key`` (``rendezvous(ack=True)``), waiting
-    up to ``within_s``.  Rank 0's ``finalize`` calls it: rank 0 serves the comm's store, and
-    after ``new_comm`` then ``finalize`` at once, leaving first cut off members still
-    reading the verdict."""
+    until ``deadline`` (the comm's timeout) or until the members still missing are all
+    known gone (``gone()``: how many members died).  Rank 0's ``finalize`` calls it: rank 0
+    serves the comm's store, and after ``new_comm`` then ``finalize`` at once, leaving first
+    cut off members still reading the verdict; on a busy machine they may take seconds to
+    get there, which must not fail a healthy job."""
     if size <= 1:
         return True
-    end = time.monotonic() + within_s
+    pause = 0.001
     while True:
         try:
-            if store.add(f"{key}/seen", 0) >= size - 1:
-                return True
+            seen = store.add(f"{key}/seen", 0)
         except Exception:  # the store is gone already: nobody can be reading it
             return True
-        if time.monotonic() >= end:
+        if seen >= size - 1:
+            return True
+        if deadline.passed() or seen + gone() >= size - 1:
             logger.debug("finalize: not every member acknowledged %s", key)
             return False
-        time.sleep(0.001)
+        time.sleep(min(pause, max(deadline.left_s(), 0.0)))
+        pause = min(pause * 2, _DETACH_POLL_MAX_S)
 
 
 def split_done(

@@ -224,7 +224,9 @@ class HierOps(CpuOps):
 
     def close(self, failed: bool) -> None:
         local, self.local = self.local, None
+        cross = (self.cross, self._cross_store)
         self.cross = self._cross_store = None
+        self.flat.release_group(cross)  # its calls are waited for by the flat path's waiter
         self.flat.close(failed)
         if local is not None:
             local.chan.close(STATE_FAILED if failed else STATE_FINALIZED)

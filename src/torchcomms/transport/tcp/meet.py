@@ -77,7 +77,11 @@ def connect(
                 continue
             for fd, _ in events:
                 if fd == listener.fileno():
-                    meeting.accept(listener, token, deadline_end)
+                    for conn in meeting.accept(listener):
+                        waiting.register(conn, _IN)
+                elif fd in meeting.greeting:
+                    if meeting.greet(fd, token):
+                        waiting.unregister(fd)
                 elif meeting.read_answer(fd):
                     waiting.unregister(fd)
     except BaseException:
@@ -105,6 +109,10 @@ class _Meeting:
         self.answered: list[bool] = []
         self.accepted: list[socket.socket | None] = [None] * len(plan)
         self.owed: dict[int, socket.socket] = {}  # round -> accepted, not answered yet
+        #: fd -> (accepted connection, what it said so far): dialers whose hello is not
+        #: all there yet.  Read as it comes, never waited for: a dialer that a busy
+        #: machine holds back between its connect and its hello costs the others nothing.
+        self.greeting: dict[int, tuple[socket.socket, bytes]] = {}
 
     def done(self) -> bool:
         return (
@@ -149,19 +157,42 @@ class _Meeting:
             conn.setblocking(False)
             self.accepted[k] = conn
 
-    def accept(self, listener: socket.socket, token: str, deadline_end: float) -> None:
+    def accept(self, listener: socket.socket) -> list[socket.socket]:
+        """Accept every waiting dialer; their hellos are read by ``greet`` as they come."""
+        out: list[socket.socket] = []
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return out
+            conn.setblocking(False)
+            self.greeting[conn.fileno()] = (conn, b"")
+            out.append(conn)
+
+    def greet(self, fd: int, token: str) -> bool:
+        """Read what a dialer sent of its hello; True once it is settled (one of this
+        rank's dialers, owed an answer, or a stray connection, closed)."""
+        conn, data = self.greeting[fd]
         try:
-            conn, _ = listener.accept()
+            chunk = conn.recv(LINE_MAX - len(data))
         except (BlockingIOError, InterruptedError):
-            return
-        hello = _hello(conn, token, self.plan, deadline_end)
+            return False
+        except OSError:
+            chunk = b""
+        data += chunk
+        if chunk and not data.endswith(b"\n") and len(data) < LINE_MAX:
+            self.greeting[fd] = (conn, data)
+            return False
+        del self.greeting[fd]
+        hello = _hello(data, token, self.plan) if chunk else None
         if hello is None or self.accepted[hello[0]] is not None or hello[0] in self.owed:
-            conn.close()  # not one of ours (a stray client): ignore it
-            return
+            conn.close()  # not one of ours (a stray client, or it left): ignore it
+            return True
         k, their_card = hello
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.cards[self.plan[k][0]] = their_card
         self.owed[k] = conn
+        return True
 
     def read_answer(self, fd: int) -> bool:
         """Read a dialled peer's ``AT`` line if it is all there; True once read."""
@@ -197,25 +228,14 @@ class _Meeting:
         return list(self.dialled)
 
     def close(self) -> None:
-        for s in [*self.dialled, *self.owed.values(), *self.sends()]:
+        greeting = [conn for conn, _ in self.greeting.values()]
+        for s in [*self.dialled, *self.owed.values(), *self.sends(), *greeting]:
             s.close()
 
 
-def _hello(
-    conn: socket.socket, token: str, plan: list[tuple[int, int]], deadline_end: float
-) -> tuple[int, str] | None:
-    """``(round, card)`` of a dialling peer (``HI token rank round card``), or None if it is
-    not one of this rank's."""
-    conn.settimeout(max(min(deadline_end - time.monotonic(), 5.0), 0.1))
-    data = b""
-    try:
-        while not data.endswith(b"\n") and len(data) < LINE_MAX:
-            chunk = conn.recv(LINE_MAX - len(data))
-            if not chunk:
-                return None
-            data += chunk
-    except OSError:
-        return None
+def _hello(data: bytes, token: str, plan: list[tuple[int, int]]) -> tuple[int, str] | None:
+    """``(round, card)`` of a dialling peer from its hello line (``HI token rank round
+    card``), or None if it is not one of this rank's."""
     words = data.decode(errors="replace").rstrip("\n").split(" ", 4)
     if len(words) != 5 or words[0] != "HI" or words[1] != token:
         return None

@@ -68,6 +68,8 @@ SPIN_S = 1e-3
 _HELPER_SLICE_MS = 5
 #: How long posted ops wait for a thread of their own before the helper drives them.
 _HELPER_GRACE_S = 0.002
+#: How long ``close`` waits for the helper thread (it ends within a slice of a pass).
+_CLOSE_WAIT_S = 1.0
 
 
 class P2P:
@@ -552,6 +554,9 @@ class P2P:
         with self._wake:
             self._closed = True
             self._wake.notify_all()
+            helper = self._helper
+        if helper is not None and helper is not threading.current_thread():
+            helper.join(_CLOSE_WAIT_S)  # it ends at its next look at ``_closed``
         for sock in [
             self._listener,
             *(o.sock for o in self._outs.values()),
@@ -559,6 +564,12 @@ class P2P:
         ]:
             with contextlib.suppress(OSError):
                 sock.close()
+        self._address_of = _closed  # the addresses came from the comm's store: let it go
+
+
+def _closed(peer: int) -> tuple[str, int, str]:
+    """A closed engine dials nobody."""
+    raise OSError(f"the point-to-point engine is closed (peer rank {peer})")
 
 
 def _all_done(ops: list[Transfer]) -> bool:

@@ -25,7 +25,10 @@ rank's ring neighbours, so the tcp and hierarchical paths keep their own facts:
 
 Threads: one daemon watcher per communicator (``torchcomms-liveness-NAME``), which also
 accepts census requests and hands each to a census thread; ``dead`` is replaced whole (a
-tuple), so readers on any thread need no lock.  ``close`` stops the watcher within a period.
+tuple), so readers on any thread need no lock.  ``close`` stops the watcher and waits for
+it (bounded: ``CLOSE_WAIT_S``); on its way out the watcher closes its sockets and lets go
+of the store, so nothing of the communicator (rank 0's store server above all) outlives
+it waiting for the garbage collector.
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ PERIOD_S = 0.05
 
 #: How long a timed-out op may spend asking the store who entered it.
 _STORE_READ_S = 1.0
+#: How long ``close`` waits for the watcher to end (it ends within a period unless it is
+#: connecting to a successor, a failure path bounded by its connect timeout).
+CLOSE_WAIT_S = 2.5
 
 
 def process_stopped(pid: int) -> bool:
@@ -84,7 +90,6 @@ class Liveness:
         on a socket of its own and the members find each other under ``addr/{rank}``."""
         self.rank = rank
         self.size = len(peers)
-        self._store = store
         self._period_s = period_s
         me = peers[rank][0]
         self._local = [(r, pid) for r, (host, pid) in enumerate(peers) if r != rank and host == me]
@@ -106,10 +111,12 @@ class Liveness:
 
     def _watch(self) -> None:
         ring = self._ring
-        while not self._stop.is_set():
-            ring.poll(self._period_s)
-            self.check_pids()
-        ring.close()
+        try:
+            while not self._stop.is_set():
+                ring.poll(self._period_s)
+                self.check_pids()
+        finally:
+            ring.close()
 
     def census_address(self, rank: int) -> tuple[str, int] | None:
         """Where ``rank``'s watcher listens (``cpu.tcp.census``)."""
@@ -183,7 +190,11 @@ class Liveness:
         return [r for r in range(self.size) if r != self.rank and r not in self._pids]
 
     def close(self) -> None:
+        """Stop the watcher and wait for it (``CLOSE_WAIT_S``): its sockets are closed then."""
         self._stop.set()
+        self._ring.wake()
+        if self._thread is not threading.current_thread():
+            self._thread.join(CLOSE_WAIT_S)
 
 
 def within(seconds: float, call: Callable[[], T], what: str) -> T | None:
@@ -201,6 +212,11 @@ def within(seconds: float, call: Callable[[], T], what: str) -> T | None:
     runner.start()
     runner.join(seconds)
     return found[0] if found else None
+
+
+def _no_address(rank: int) -> tuple[str, int] | None:
+    """Where a closed watcher looks members up: nowhere."""
+    return None
 
 
 class _Conn:
@@ -228,7 +244,7 @@ class _Ring:
         self.owner = owner
         self.rank = owner.rank
         self.size = owner.size
-        self.store = store
+        self.store: c10d.Store | None = store
         self.link = link
         self.sel = selectors.DefaultSelector()
         self._address_of = address_of
@@ -239,6 +255,11 @@ class _Ring:
         self.listener = listener
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, None)
+        # ``wake`` (any thread) ends the watcher's current ``select`` at once: a finalize
+        # need not wait out a period for the watcher to see it.
+        self._waker, self._woken = socket.socketpair()
+        self._woken.setblocking(False)
+        self.sel.register(self._woken, selectors.EVENT_READ, None)
         self.conns: dict[socket.socket, _Conn] = {}
         self.succ: socket.socket | None = None
         self._addresses: dict[int, tuple[str, int]] = {}
@@ -252,7 +273,7 @@ class _Ring:
         while r != self.rank:
             if r not in owner.dead:
                 try:
-                    if self._address_of is None:
+                    if self._address_of is None and self.store is not None:
                         self.store.wait([f"addr/{r}"])
                     address = self.address(r)
                     assert address is not None
@@ -277,7 +298,7 @@ class _Ring:
         found = self._addresses.get(rank)
         if found is None:
             key = f"addr/{rank}"
-            if not self.store.check([key]):
+            if self.store is None or not self.store.check([key]):
                 return None
             host, _, port = self.store.get(key).decode().rpartition(":")
             found = self._addresses[rank] = (host, int(port))
@@ -291,6 +312,10 @@ class _Ring:
         for key, _ in self.sel.select(timeout_s):
             sock = key.fileobj
             assert isinstance(sock, socket.socket)
+            if sock is self._woken:
+                with contextlib.suppress(OSError):
+                    self._woken.recv(64)
+                continue
             if sock is self.listener:
                 try:
                     conn, _ = self.listener.accept()
@@ -363,6 +388,11 @@ class _Ring:
         if news:
             self._send(f"DEAD {','.join(map(str, self.owner.dead))}\n".encode())
 
+    def wake(self) -> None:
+        """End the watcher's current wait (any thread)."""
+        with contextlib.suppress(OSError):
+            self._waker.send(b"x")
+
     def _send(self, msg: bytes) -> None:
         for sock in list(self.conns):
             with contextlib.suppress(OSError):
@@ -375,3 +405,9 @@ class _Ring:
         self.sel.unregister(self.listener)
         self.listener.close()
         self.sel.close()
+        self._woken.close()
+        self._waker.close()
+        # The store (rank 0's server, for rank 0) and the addresses read from it go with
+        # the comm, not with whatever still refers to this object.
+        self.store = None
+        self._address_of = _no_address

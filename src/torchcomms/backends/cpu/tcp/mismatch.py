@@ -45,6 +45,11 @@ class MismatchReport:
         #: before this rank waits for the others' headers, or they would wait for it.
         self._announce = announce
 
+    def close(self) -> None:
+        """Let go of the store (the comm is released; a report would find nobody)."""
+        self._store = None
+        self._announce = None
+
     def full(
         self, what: str, mine: tuple[Fingerprint, int], ranks: list[int], text: str
     ) -> WaitError:

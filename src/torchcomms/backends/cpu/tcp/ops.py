@@ -84,11 +84,6 @@ def _premultiplied(tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
     return tensor * op.factor_value() if op.type is RedOpType.PREMUL_SUM else tensor
 
 
-#: Process groups of failed communicators: a gloo call may still run in one, and
-#: destroying it would join that call's thread (up to gloo's timeout).  Kept to exit.
-_abandoned: list[Any] = []
-
-
 class TcpOps(CpuOps):
     """The flat tcp path: one process group over every member."""
 
@@ -162,10 +157,15 @@ class TcpOps(CpuOps):
         self.p2p.close()
         if self.liveness is not None:
             self.liveness.close()
-        if (failed or self.waiter.troubled) and self.pg is not None:
-            # a gloo op may still run: never destroy it (or its store) mid-op
-            _abandoned.append((self.pg, self._pg_store))
+        self.waiter.report.close()
+        self.release_group((self.pg, self._pg_store))
         self.pg = self._pg_store = None
+
+    def release_group(self, held: tuple[Any, ...]) -> None:
+        """Drop a process group of this comm (and what must outlive it) now, or, while a
+        gloo call of this comm may still run, once it ended (``transport.gloo``)."""
+        if held[0] is not None:
+            gloo.release(held, self.waiter.busy)
 
     def dead_peers(self) -> list[int]:
         """Members on this host whose process is gone (a dead remote shows as a closed socket)."""

@@ -9,13 +9,14 @@
 * A timeout names the ranks that never entered the op (a census of the members,
   ``cpu.tcp.census``), else the stopped ones, else says the transport stalled.
 
-``troubled`` records that a gloo call failed or was left running: its process group must
-never be destroyed (that would join the stuck call's thread).  Runs on the op's thread;
-``aborted`` may be set from any thread.
+``left`` keeps the gloo calls a wait gave up on while they still ran: their process group
+must not be destroyed before they end (that would join the stuck call's thread); ``busy``
+says whether one still runs.  Runs on the op's thread; ``aborted`` may be set from any thread.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -57,7 +58,6 @@ class GlooWaiter:
         self._dead_peers = dead_peers
         self._seq = seq
         self.aborted = False
-        self.troubled = False
         #: The communicator's lane: a gloo wait also listens there for a peer's goodbye
         #: (a peer that failed says whom it blames, so this rank need not time out).
         self.lane = lane
@@ -65,6 +65,11 @@ class GlooWaiter:
         self.report = report if report is not None else MismatchReport(None, rank, 1)
         #: ``(fingerprint, seq)`` of the collective in flight, for a relayed mismatch.
         self.current: tuple[Fingerprint, int] | None = None
+        #: gloo calls a wait gave up on while they ran (``busy``), under ``_left_lock``.
+        self.left: list[Any] = []
+        self._left_lock = threading.Lock()
+        #: The gloo call being waited for, if any (read by ``busy`` on another thread).
+        self._waiting: Any = None
 
     def wait(
         self, work: Any, deadline: Deadline, what: str, peers: Sequence[int] | None = None
@@ -74,24 +79,41 @@ class GlooWaiter:
         ``peers``: the ranks a point-to-point op waits for (a collective names the ranks
         that never entered it).
         """
+        self._waiting = work
+        try:
+            self._wait(work, deadline, what, peers)
+        finally:
+            self._waiting = None
+
+    def _wait(self, work: Any, deadline: Deadline, what: str, peers: Sequence[int] | None) -> None:
         while True:
             try:
                 work.wait(SLICE)
                 return
             except RuntimeError:
                 if work.is_completed():
-                    self.troubled = True  # (if it raises) gloo's pairs may be broken
                     try:
                         work.wait()  # the call's own outcome: its error, or it just finished
                     except RuntimeError as exc:
                         raise self._explained(exc, what) from exc
-                    self.troubled = False
                     return
             try:
                 self._between_slices(deadline, what, peers, lane_news=True)
             except WaitError:
-                self.troubled = True  # the call still runs inside gloo
+                with self._left_lock:
+                    self.left.append(work)  # the call still runs inside gloo
                 raise
+
+    def busy(self) -> bool:
+        """Whether a gloo call of this communicator may still run (any thread)."""
+        waiting = self._waiting
+        if waiting is not None and not waiting.is_completed():
+            return True
+        with self._left_lock:
+            # An ended call's work holds its gloo context, and through it the comm's store
+            # (rank 0's server): let go of it at once.
+            self.left = [work for work in self.left if not work.is_completed()]
+            return bool(self.left)
 
     def check(self, deadline: Deadline, what: str) -> None:
         """Between two wait slices of a collective: abort, dead peers, the deadline."""
