@@ -37,8 +37,6 @@ cycles and 1,000 reconfigures of one comm at each placement, every other path 50
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import gc
 import os
 import time
@@ -215,19 +213,14 @@ class _Rank:
 PATHS = ("create", "ops", "split", "recovery", "dropped", "failed", "bridge", "reconfigure")
 
 
-def _trim() -> None:
-    """Give the allocator's free memory back to the system (glibc), so RSS shows what is
-    in use: freed-but-kept heap pages grow with the threads that come and go (measured:
-    4-8 MiB over 150 hierarchical cycles, 0.2-0.6 MiB after a trim)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
 def _sample() -> resources.Holdings:
     held = resources.sample()
-    gc.collect()  # RSS without the cycles' garbage (the rest was read before collecting)
-    _trim()
-    held.rss_kib = resources.sample().rss_kib
+    # RSS without the cycles' garbage (the rest was read before collecting) and without the
+    # free heap pages glibc keeps (they grew 4-8 MiB over 150 hierarchical cycles, 0.2-0.6
+    # MiB once trimmed).
+    gc.collect()
+    resources.trim_heap()
+    held.rss_kib = resources.rss_kib()
     return held
 
 

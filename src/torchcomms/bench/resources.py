@@ -7,6 +7,8 @@ communicator life cycles with those after a warm-up.  Elsewhere every count read
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import threading
 from collections import Counter
@@ -99,6 +101,19 @@ def _rss_kib() -> int:
 def _own_segments() -> int:
     mine = f"{segment.PREFIX}{os.getpid()}-"
     return sum(1 for entry in os.listdir(segment.SHM_DIR) if entry.startswith(mine))
+
+
+def trim_heap() -> None:
+    """Give the allocator's free memory back to the system (glibc's ``malloc_trim``; a no-op
+    elsewhere), so that RSS shows what is in use: glibc keeps freed heap pages, which pile
+    up as threads come and go."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def rss_kib() -> int:
+    """This process's resident memory now (KiB)."""
+    return _count(_rss_kib)
 
 
 def growth(before: Holdings, after: Holdings) -> dict[str, int]:
