@@ -23,6 +23,12 @@ from tests import harness  # noqa: E402  (needs the sys.path set-up above)
 # process instead.  Set before any worker is spawned, so every rank and torchrun child
 # inherits it; a test of the process-ending path passes TORCHCOMM_ABORT_ON_ERROR=1 itself.
 os.environ["TORCHCOMM_ABORT_ON_ERROR"] = "0"
+# c10d's TCPStore looks up the name of every address it connects to (a reverse query for the
+# IPv4-mapped loopback address, which /etc/hosts does not answer).  The resolver of the
+# sandboxes we run in drops one query in tens to hundreds, and glibc waits 5 s before its
+# retry: a store-less communicator churn of 50 bootstraps spent 5-80 s in these stalls.
+# What is tested is unchanged; a dropped query costs 1 s instead.  A job's own setting wins.
+os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
 
 
 def pytest_configure(config: pytest.Config) -> None:

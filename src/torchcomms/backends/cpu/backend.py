@@ -36,8 +36,8 @@ from torchcomms.backends.contract import CommBackend
 from torchcomms.backends.cpu import connect as cpu_connect
 from torchcomms.backends.cpu import errors as cpu_errors
 from torchcomms.backends.cpu import leaders, select
-from torchcomms.backends.cpu.dispatch import CpuDispatch, OpBody
-from torchcomms.backends.cpu.ops import Completion, CpuOps
+from torchcomms.backends.cpu.dispatch import CpuDispatch
+from torchcomms.backends.cpu.ops import CpuOps
 from torchcomms.backends.cpu.recovery import agree, reconfigure
 from torchcomms.backends.cpu.shm import ops as shm_ops
 from torchcomms.backends.cpu.staging import CPU_DTYPES
@@ -59,7 +59,7 @@ from torchcomms.state import CommState
 from torchcomms.transport.gloo import process_group as gloo
 from torchcomms.transport.procs import process_alive
 from torchcomms.types import CommOptions, OpOptions
-from torchcomms.work import AsyncWork, CompletedWork, TorchWork
+from torchcomms.work import CompletedWork, TorchWork
 
 logger = logging.getLogger("torchcomms.backends.cpu.backend")
 
@@ -533,54 +533,7 @@ class TorchCommGloo(CpuDispatch, CommBackend):
             key, deadline = f"split_done/{self._split_calls}", Deadline(options.timeout)
             cpu_connect.split_done(self._store, key, self._rank, self._peers, deadline)
 
-    # -- execution plumbing --------------------------------------------------------------------
-    def _run(
-        self,
-        opts: OpOptions,
-        async_op: bool,
-        body: OpBody,
-        args: tuple[Any, ...] = (),
-        peers: Sequence[int] = (),
-    ) -> TorchWork:
-        """Run ``body(*args, deadline)`` in issue order, inline (sync) or on the executor.
-
-        ``peers`` (p2p) are named in the error if the op fails.  Bytes move outside autograd
-        (as in c10d): no graph, in-place writes to leaves allowed."""
-        executor = self._executor
-        if executor is None:
-            raise CommStateError(self._prefix(opts) + "TorchCommGloo not initialized")
-        if not async_op:
-            return self._run_sync(opts, body, args, peers)
-        timeout, status = opts.timeout, self._status
-
-        def guarded() -> Completion | None:
-            if status.state is not CommState.READY:  # an earlier queued op may have failed
-                self.check_usable(self._prefix(opts))
-            try:
-                with torch.no_grad():
-                    completion = body(*args, Deadline(timeout))
-            except BaseException as exc:
-                raise self._translate(exc, opts, peers) from exc
-            if completion is None:
-                return None
-            ops = self._ops
-            if ops is not None:
-                ops.unattended()  # no thread waits for it yet: the transport may help
-
-            def finish() -> None:
-                try:
-                    with torch.no_grad():
-                        completion()
-                except BaseException as exc:
-                    raise self._translate(exc, opts, peers) from exc
-
-            return finish
-
-        if status.state is not CommState.READY:
-            self.check_usable(self._prefix(opts))
-        work = AsyncWork(self._prefix(opts).rstrip(": "), timeout.total_seconds())
-        return executor.submit(guarded, work)
-
+    # -- execution plumbing (``_run`` and ``_run_sync``: ``cpu.dispatch``) -----------------------
     def _prefix(self, opts: OpOptions) -> str:
         op_id = f" op_id={opts.op_id}" if opts.op_id is not None else ""
         return f"[TorchCommGloo comm={self._name} rank={self._rank}] {opts.op_name}{op_id}: "

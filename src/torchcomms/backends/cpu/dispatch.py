@@ -1,9 +1,10 @@
 """``CpuDispatch``: every op of the CPU backend as one dispatch to its transport.
 
 Each method picks the connected transport's ``CpuOps`` (``_transport``) and hands the op,
-as a body taking its deadline, to the backend's execution plumbing (``_run``: issue
-order, sync inline or async on the executor, error typing).  ``TorchCommGloo`` provides
-both; this class holds nothing of its own.
+as a body taking its deadline, to the execution plumbing here (``_run``: issue order,
+sync inline on the caller's thread or async on the comm's executor thread).  Naming and
+typing errors (``_prefix``, ``_translate``) and the state they read are ``TorchCommGloo``'s;
+this class holds nothing of its own.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from torchcomms.errors import CommStateError, CommValidationError
 from torchcomms.executor import OpExecutor
 from torchcomms.state import CommState, CommStatus
 from torchcomms.types import OpOptions, P2POp, P2POpType, ReduceOp
-from torchcomms.work import CompletedWork, TorchWork
+from torchcomms.work import AsyncWork, CompletedWork, TorchWork
 
 #: One op's work on a transport, called as ``body(*args, deadline)`` (a ``CpuOps`` method
 #: and the op's arguments: no closure per op); it may leave a completion.
@@ -50,16 +51,6 @@ class CpuDispatch(abc.ABC):
 
     @abc.abstractmethod
     def _transport(self) -> CpuOps: ...
-
-    @abc.abstractmethod
-    def _run(
-        self,
-        opts: OpOptions,
-        async_op: bool,
-        body: OpBody,
-        args: tuple[Any, ...] = (),
-        peers: Sequence[int] = (),
-    ) -> TorchWork: ...
 
     @abc.abstractmethod
     def _prefix(self, opts: OpOptions) -> str: ...
@@ -112,6 +103,53 @@ class CpuDispatch(abc.ABC):
             if grad:
                 _set_grad_enabled(True)
         return CompletedWork()
+
+    def _run(
+        self,
+        opts: OpOptions,
+        async_op: bool,
+        body: OpBody,
+        args: tuple[Any, ...] = (),
+        peers: Sequence[int] = (),
+    ) -> TorchWork:
+        """Run ``body(*args, deadline)`` in issue order, inline (sync) or on the executor.
+
+        ``peers`` (p2p) are named in the error if the op fails.  Bytes move outside autograd
+        (as in c10d): no graph, in-place writes to leaves allowed."""
+        executor = self._executor
+        if executor is None:
+            raise CommStateError(self._prefix(opts) + "TorchCommGloo not initialized")
+        if not async_op:
+            return self._run_sync(opts, body, args, peers)
+        timeout, status = opts.timeout, self._status
+
+        def guarded() -> Completion | None:
+            if status.state is not CommState.READY:  # an earlier queued op may have failed
+                self.check_usable(self._prefix(opts))
+            try:
+                with torch.no_grad():
+                    completion = body(*args, Deadline(timeout))
+            except BaseException as exc:
+                raise self._translate(exc, opts, peers) from exc
+            if completion is None:
+                return None
+            ops = self._ops
+            if ops is not None:
+                ops.unattended()  # no thread waits for it yet: the transport may help
+
+            def finish() -> None:
+                try:
+                    with torch.no_grad():
+                        completion()
+                except BaseException as exc:
+                    raise self._translate(exc, opts, peers) from exc
+
+            return finish
+
+        if status.state is not CommState.READY:
+            self.check_usable(self._prefix(opts))
+        work = AsyncWork(self._prefix(opts).rstrip(": "), timeout.total_seconds())
+        return executor.submit(guarded, work)
 
     # -- collectives: one dispatch each --------------------------------------------------------
     def all_reduce(

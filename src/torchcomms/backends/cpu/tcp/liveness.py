@@ -146,9 +146,7 @@ class Liveness:
         """Whether one of ``ranks`` is this rank or a member on this host whose process is
         alive: what this rank can refute of a claim that they are dead."""
         pids = self._pids
-        return any(
-            r == self.rank or (r in pids and process_alive(pids[r])) for r in ranks
-        )
+        return any(r == self.rank or (r in pids and process_alive(pids[r])) for r in ranks)
 
     def answers(self, rank: int) -> bool:
         """Whether ``rank``, on another host, is shown alive by its listener (failure path
@@ -166,9 +164,7 @@ class Liveness:
 
     def check_pids(self) -> tuple[int, ...]:
         """Refresh and return ``dead`` from the local peers' pids."""
-        dead = [
-            r for r, pid in self._local if r not in self.dead and not process_alive(pid)
-        ]
+        dead = [r for r, pid in self._local if r not in self.dead and not process_alive(pid)]
         if dead:
             self.dead = tuple(sorted(set(self.dead) | set(dead)))
         return self.dead

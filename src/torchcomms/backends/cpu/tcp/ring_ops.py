@@ -100,9 +100,7 @@ class RingOps:
         # scratch): only once every rank's header passed does any byte of it change.
         own = self.ring.scratch(flat.dtype, max(n for _, n in plan), 3)[:k]
         with self._lane_errors("all_reduce"):
-            self.ring.reduce_scatter(
-                src, own, combiner(op, flat.dtype), header, check, between
-            )
+            self.ring.reduce_scatter(src, own, combiner(op, flat.dtype), header, check, between)
             self.ring.all_gather(flat, plan, None, None, between, own=own)
         flat[first : first + k].copy_(own)
         finish_average(flat, op, self.size)
@@ -119,9 +117,7 @@ class RingOps:
         if op.type is RedOpType.PREMUL_SUM:
             flat_in = flat_in * op.factor_value()  # never scale the caller's input
         with self._lane_errors("reduce_scatter"):
-            self.ring.reduce_scatter(
-                flat_in, out, combiner(op, out.dtype), header, check, between
-            )
+            self.ring.reduce_scatter(flat_in, out, combiner(op, out.dtype), header, check, between)
         finish_average(out, op, self.size)
 
     def all_gather(
@@ -136,9 +132,7 @@ class RingOps:
         if mine.data_ptr() != src.data_ptr():
             mine.copy_(src)
 
-    def broadcast(
-        self, flat: torch.Tensor, root: int, fp: Fingerprint, deadline: Deadline
-    ) -> None:
+    def broadcast(self, flat: torch.Tensor, root: int, fp: Fingerprint, deadline: Deadline) -> None:
         header, check, between = self._enter(fp, "broadcast", deadline)
         n = self.size
         pos = (root - self.rank) % n  # 0: the root, n-1: the chain's end (root + 1)
