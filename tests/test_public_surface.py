@@ -122,6 +122,7 @@ UPSTREAM_NAMES: dict[str, list[str]] = {
     "torchcomms.hooks.fr": ["FlightRecorderHook"],
     "torchcomms.hooks.clog": ["clog"],
     "torchcomms.hooks.nan_check": ["NanCheckHook"],
+    "torchcomms.hooks.nan_check.nan_check": ["NanCheckHook"],
     "torchcomms.objcol": [
         *["all_gather_object", "gather_object", "send_object_list", "recv_object_list"],
         *["broadcast_object_list", "scatter_object_list"],

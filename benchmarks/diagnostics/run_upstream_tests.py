@@ -2,12 +2,16 @@
 
     python benchmarks/diagnostics/run_upstream_tests.py --mirror PATH \
         [--files 'comms/torchcomms/distwrap/tests/integration/*Test.py' ...] \
+        [--support 'comms/torchcomms/tests/**/helpers/**' ...] \
         [--nproc 4] [--use-torchcomms 1|0|both] [--runner script|pytest|both] \
         [--timeout 300] [--in-place] [--backend gloo] [--device cpu] [--logs DIR]
 
 ``--mirror`` is upstream's repository: a bare git mirror (files are read at ``--rev``, default
 ``HEAD``) or a checkout.  ``--files`` are globs of repository paths (default: distwrap's 26
-integration files).  Each file is placed where upstream ships it inside the package
+integration files); ``--support`` globs name files copied beside them but never run
+(upstream's test helpers: the core suite needs ``comms/torchcomms/tests/__init__.py``,
+``tests/integration/__init__.py``, ``tests/integration/helpers/*`` and
+``tests/helpers/py/*``).  Each file is placed where upstream ships it inside the package
 (``comms/torchcomms/X`` -> ``<torchcomms package>/X``), so its ``torchcomms.<...>`` imports
 resolve as they do upstream; then, one file at a time, it runs under torchrun with
 ``TEST_BACKEND``/``TEST_DEVICE``/``USE_TORCHCOMMS`` set:
@@ -301,6 +305,7 @@ def main() -> int:
     parser.add_argument("--mirror", required=True, type=Path, help="upstream repo (bare or not)")
     parser.add_argument("--rev", default="HEAD", help="revision of a bare mirror")
     parser.add_argument("--files", nargs="+", default=DEFAULT_FILES, help="path globs")
+    parser.add_argument("--support", nargs="*", default=[], help="globs copied, never run")
     parser.add_argument("--nproc", type=int, default=4)
     parser.add_argument("--use-torchcomms", choices=("1", "0", "both"), default="1")
     parser.add_argument("--runner", choices=("script", "pytest", "both"), default="script")
@@ -317,6 +322,7 @@ def main() -> int:
     paths = upstream.select(args.files)
     if not paths:
         sys.exit(f"no upstream file matches {args.files}")
+    support = [p for p in upstream.select(args.support) if p not in paths] if args.support else []
     log_root = args.logs or Path(tempfile.mkdtemp(prefix="upstream-tests-"))
     modes = ["1", "0"] if args.use_torchcomms == "both" else [args.use_torchcomms]
     runners = ["script", "pytest"] if args.runner == "both" else [args.runner]
@@ -347,6 +353,9 @@ def main() -> int:
                 print(f"kept ours: {placement.target(path)} (not overwritten)")
             elif path.endswith(".py") and Path(path).name != "__init__.py":
                 placed.append((path, dest))
+        for path in support:
+            if placement.place(path, upstream.read(path)) is None:
+                print(f"kept ours: {placement.target(path)} (not overwritten)")
         tests = [(p, d) for p, d in placed if fnmatch.fnmatchcase(Path(p).name, "*Test*.py")]
         for use_tc in modes:
             for runner in runners:
