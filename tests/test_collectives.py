@@ -669,3 +669,38 @@ def _all_to_all_in_place(ctx: RankContext) -> None:
 
 def test_all_to_all_with_aliased_output() -> None:
     run_ranks(_all_to_all_in_place, 3, timeout=60.0)
+
+
+def _splits_even_on_one_rank_only(ctx: RankContext, transport: str, count: int) -> None:
+    """Upstream's ZeroSizes pattern at 2 ranks: rank r sends nothing to rank i when
+    ``(r + i) % 3 == 0``, else ``count`` elements, so rank 1's splits are equal and rank 0's
+    are not.  Every rank must still take the variable path (one header, the same bytes)."""
+    comm = new_comm(
+        "gloo",
+        torch.device("cpu"),
+        name=f"a2av_{transport}_{count}",
+        store=ctx.store,
+        hints={"transport": transport},
+    )
+    n, r = comm.get_size(), comm.get_rank()
+    sends = [0 if (r + i) % 3 == 0 else count for i in range(n)]
+    recvs = [0 if (i + r) % 3 == 0 else count for i in range(n)]
+    inp = torch.cat([torch.full((s,), 100 * r + i, dtype=torch.int32) for i, s in enumerate(sends)])
+    out = torch.full((sum(recvs),), -1, dtype=torch.int32)
+    comm.all_to_all_v_single(out, inp, recvs, sends, False)
+    want = torch.cat(
+        [torch.full((s,), 100 * i + r, dtype=torch.int32) for i, s in enumerate(recvs)]
+    )
+    assert torch.equal(out, want), (r, out[:8], want[:8])
+    # The list form: rank 1's tensors are all one size, rank 0's are not.
+    outs = [torch.full((s,), -1, dtype=torch.int32) for s in recvs]
+    comm.all_to_all(outs, list(inp.split(sends)), False)
+    assert torch.equal(torch.cat(outs), want), r
+    comm.finalize()
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_all_to_all_v_with_splits_even_on_one_rank_only(transport: str) -> None:
+    # 4: the inline path of tcp and one shm round; 100,000: past both.
+    for count in (4, 100_000):
+        run_ranks(_splits_even_on_one_rank_only, 2, transport, count, timeout=60.0)

@@ -387,17 +387,20 @@ class ShmCollectives:
         inp: torch.Tensor,
         out_splits: Sequence[int],
         in_splits: Sequence[int],
+        uniform: bool,
         deadline: Deadline,
     ) -> None:
-        """Flat tensors; element counts per peer (``in_splits[r]`` of ``inp`` go to rank r)."""
+        """Flat tensors; element counts per peer (``in_splits[r]`` of ``inp`` go to rank r).
+
+        ``uniform``: every rank's splits are equal (``all_to_all_single``), known on every
+        rank alike; otherwise the variable path, whatever this rank's splits look like."""
         chan = self.chan
         size, me = self.size, self.rank
         dtype = inp.dtype
         per = max(chan.slot_capacity(dtype) // size, 1)
         stride = chan.layout.slot_bytes // dtype.itemsize
         item = dtype.itemsize
-        even = len(set(in_splits)) == 1 and list(in_splits) == list(out_splits)
-        if even:
+        if uniform:
             n = in_splits[0]
             fp = self._fp(F.ALL_TO_ALL, dtype, n)
             if n == 0:

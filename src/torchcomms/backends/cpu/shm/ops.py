@@ -347,17 +347,19 @@ class ShmOps(CpuOps):
         src = host_flat(input)
         with on_host(output) as host:
             out = host.view(-1)
-            if not in_splits:
+            # Equal parts only for the call that has no splits: splits that happen to be
+            # equal on this rank may not be on another, and every rank must take one path.
+            uniform = not in_splits
+            if uniform:
                 n = src.numel() // self.size
                 in_splits = out_splits = [n] * self.size
                 if n == 0:
                     self.coll.empty(F.ALL_TO_ALL, src.dtype, deadline)
                     return
-            even = len(set(in_splits)) == 1 and list(in_splits) == list(out_splits)
             same = out.data_ptr() == src.data_ptr() and out.numel() == src.numel()
-            if overlaps(out, src) and not (even and same):
+            if overlaps(out, src) and not (uniform and same):
                 src = src.clone()
-            self.coll.all_to_all(out, src, out_splits, in_splits, deadline)
+            self.coll.all_to_all(out, src, out_splits, in_splits, uniform, deadline)
 
     def barrier(self, deadline: Deadline) -> None:
         self.coll.barrier(deadline)

@@ -483,7 +483,9 @@ class TcpOps(CpuOps):
         in_splits: Sequence[int],
         deadline: Deadline,
     ) -> None:
-        even = not in_splits or (len(set(in_splits)) == 1 and list(in_splits) == list(out_splits))
+        # Equal parts only for the call without splits: equal splits on this rank may be
+        # unequal on another, and every rank must take one path (one header).
+        even = not in_splits
         count = input.numel() if even else 0
         fp = F.make(F.ALL_TO_ALL if even else F.ALL_TO_ALL_V, input.dtype, count)
         if even and count * input.element_size() <= self.inline_max:
