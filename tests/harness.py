@@ -61,6 +61,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import random
 import shutil
 import signal
 import socket
@@ -164,20 +165,38 @@ _handed_out_ports: set[int] = set()
 _port_lock = threading.Lock()
 
 
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago.
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
-    The port is released before returning (someone else must bind it), so there is a small
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago, below the ephemeral range.
+
+    Below it, the kernel never hands the port to a connection's local end: a store-less
+    bootstrap serves ``MASTER_PORT`` only while it runs, and a port of the ephemeral range
+    could meanwhile become the local port of a connection (and then sit in TIME_WAIT for a
+    minute), so the next bootstrap would wait for it (``test_bootstrap_races.py``).  The
+    port is released before returning (someone else must bind it), so there is a small
     race with other processes; within this process a port is never handed out twice.
     """
+    high = _ephemeral_low()
+    low = max(1024, high - 12000)
     with _port_lock:
-        for _ in range(100):
+        for _ in range(200):
+            port = random.randrange(low, high)
+            if port in _handed_out_ports:
+                continue
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.bind((MASTER_ADDR, 0))
-                port = int(sock.getsockname()[1])
-            if port not in _handed_out_ports:
-                _handed_out_ports.add(port)
-                return port
+                try:
+                    sock.bind((MASTER_ADDR, port))
+                except OSError:
+                    continue
+            _handed_out_ports.add(port)
+            return port
         raise RuntimeError("could not find a fresh free port")
 
 

@@ -14,13 +14,18 @@ Issue 12, item 6. Covers:
 * rank 0 failing mid-connect (after the private store is up) while a member still has store
   waits ahead: the member raises ``CommError`` naming rank 0, not c10d's raw
   "Failed to recv, got 0 bytes" from the store that left with rank 0; and, if rank 0's
-  process died there, ``PeerFailureError`` naming it.
+  process died there, ``PeerFailureError`` naming it;
+* ``MASTER_PORT`` held by the local end of a connection (a port in the ephemeral range, as
+  ``mp.spawn`` scripts pick them): rank 0 waits until the connection lets go and serves
+  it, instead of joining a server that is not there; held for the whole timeout, rank 0
+  says so.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -310,3 +315,54 @@ def test_rank0_dying_mid_connect_is_named_dead_by_a_member_still_connecting() ->
     ), error
     assert "DistNetworkError" not in error.splitlines()[-1], error
     assert time.monotonic() - start < 30.0, str(failure)  # well inside the 60 s timeout
+
+
+def _hold_master_port(ctx: RankContext, hold_s: float) -> socket.socket:
+    """A connection whose local end is ``MASTER_PORT`` (no ``SO_REUSEADDR``, as a port
+    the kernel picks for a connect), closed after ``hold_s`` seconds."""
+    server = socket.create_server((harness.MASTER_ADDR, 0))
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.bind((harness.MASTER_ADDR, ctx.master_port))
+    holder.connect(server.getsockname())
+    peer, _ = server.accept()
+
+    def release() -> None:
+        # The far end closes first: a local end that closed first would keep the port in
+        # TIME_WAIT for a minute (the kernel refuses to bind it over a socket made without
+        # SO_REUSEADDR), longer than this test waits.
+        peer.close()
+        server.close()
+        time.sleep(0.05)
+        holder.close()
+
+    threading.Timer(hold_s, release).start()
+    return holder
+
+
+def _master_port_held(ctx: RankContext, hold_s: float, timeout_s: float) -> dict[str, Any]:
+    if ctx.rank == 0:
+        _hold_master_port(ctx, hold_s)
+    ctx.store.set(f"held/{hold_s}/{ctx.rank}", "1")
+    ctx.store.wait([f"held/{hold_s}/{r}" for r in range(ctx.world_size)])
+    start = time.monotonic()
+    try:
+        comm = new_comm("gloo", CPU, name=f"held{hold_s}", timeout=timedelta(seconds=timeout_s))
+    except CommError as exc:
+        return {"error": type(exc).__name__, "message": str(exc)}
+    _sum_check(comm, 1)
+    comm.finalize()
+    return {"elapsed": time.monotonic() - start}
+
+
+def test_master_port_held_by_a_connection_is_served_once_free() -> None:
+    results = run_ranks(_master_port_held, 2, 1.5, 30.0, timeout=60)
+    assert all("elapsed" in r for r in results), results
+    assert results[0]["elapsed"] >= 1.3, results  # it waited for the port, then served it
+
+
+def test_master_port_held_for_the_whole_timeout_is_named() -> None:
+    results = run_ranks(_master_port_held, 2, 5.0, 2.0, timeout=60)
+    r0, r1 = results
+    assert r0["error"] == "CommTimeoutError", r0
+    assert "stayed in use for 2 s with nothing listening on it" in r0["message"], r0
+    assert r1["error"] == "CommTimeoutError" and "(rank 0)" in r1["message"], r1

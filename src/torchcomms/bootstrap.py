@@ -54,9 +54,9 @@ from torchcomms import c10d_caller, config
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError, CommTimeoutError, PeerFailureError, forget_frames
 from torchcomms.store_counts import CountingStore
+from torchcomms.transport import listen
 from torchcomms.transport.errors import ranks_text
 from torchcomms.transport.gloo.process_group import underlying_tcp_host
-from torchcomms.transport.listen import listen_socket
 
 logger = logging.getLogger("torchcomms.bootstrap")
 
@@ -71,8 +71,6 @@ LOOPBACK = "127.0.0.1"
 _SERVE_ATTEMPTS = 5
 #: Below this many seconds left, a deadline counts as passed.
 _MIN_WAIT_S = 0.01
-#: The longest pause between two connects to a bootstrap server that is not up yet.
-_LISTENER_POLL_MAX_S = 0.02
 
 
 def _pair(rank_var: str, size_vars: tuple[str, ...]) -> tuple[int, int] | None:
@@ -156,7 +154,7 @@ def _serve(dial: str, port: int, deadline: Deadline, where: str) -> c10d.TCPStor
     can stall on a slow reverse DNS lookup at connect. It is retried, within the deadline.
     """
     for attempt in range(_SERVE_ATTEMPTS):
-        sock = listen_socket(dial, port)
+        sock = listen.listen_socket(dial, port)
         bound_host, bound_port = sock.getsockname()[:2]
         host = dial if bound_host in ("::", "0.0.0.0") else str(bound_host)
         try:
@@ -241,24 +239,41 @@ class _BootstrapStore:
 
 
 def _serve_or_join_master(addr: str, port: int, deadline: Deadline, where: str) -> _BootstrapStore:
-    """Rank 0: this process's server on MASTER_PORT (started if needed), else a client of it."""
-    key = (addr, port)
-    with _served_lock:
-        entry = _served.get(key)
-        if entry is not None and entry.store is not None:
-            entry.users += 1
-            return _BootstrapStore(entry.store, key)
-        try:
-            server = _serve(addr, port, deadline, where)
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                raise CommError(
-                    f"{where}: cannot listen on MASTER_ADDR:MASTER_PORT {addr}:{port} ({exc})"
-                ) from exc
-            server = None
-        if server is not None:
-            _served[key] = _Served(server)
-            return _BootstrapStore(server, key)
+    """Rank 0: this process's server on MASTER_PORT (started if needed), else a client of it.
+
+    A taken port nobody listens on is held by a connection's local end (a MASTER_PORT in
+    the ephemeral range, free between two bootstraps): the bind is retried until the
+    connection is gone (up to a minute after it closed, if this host closed it first and
+    it sits in TIME_WAIT) or the deadline passes."""
+    key, pause = (addr, port), 0.001
+    while True:
+        with _served_lock:
+            entry = _served.get(key)
+            if entry is not None and entry.store is not None:
+                entry.users += 1
+                return _BootstrapStore(entry.store, key)
+            try:
+                server = _serve(addr, port, deadline, where)
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise CommError(
+                        f"{where}: cannot listen on MASTER_ADDR:MASTER_PORT {addr}:{port} ({exc})"
+                    ) from exc
+                server = None
+            if server is not None:
+                _served[key] = _Served(server)
+                return _BootstrapStore(server, key)
+        if listen.accepts(addr, port, min(deadline.left_s(), 1.0)):
+            break
+        if deadline.left_s() <= _MIN_WAIT_S:
+            raise CommTimeoutError(
+                f"{where}: MASTER_ADDR:MASTER_PORT {addr}:{port} stayed in use for "
+                f"{_seconds(deadline)} with nothing listening on it (a connection of this host "
+                "holds it as its local port: choose a MASTER_PORT outside the range in "
+                "/proc/sys/net/ipv4/ip_local_port_range)"
+            )
+        time.sleep(min(pause, deadline.left_s()))
+        pause = min(pause * 2, 0.05)
     # Someone else (a launcher, a user's own store) serves MASTER_PORT: use it.
     logger.debug("%s: MASTER_PORT %s is taken; connecting as a client", where, port)
     return _BootstrapStore(_client(addr, port, deadline, where, "another process", None))
@@ -278,24 +293,6 @@ def _client(
         if server_rank is not None:
             error.ranks = (server_rank,)
         raise error from exc
-
-
-def _await_listener(addr: str, port: int, deadline: Deadline) -> None:
-    """Wait until something accepts connections on ``addr:port`` (bounded by ``deadline``).
-
-    c10d's client retries a refused connect with a back-off that grows towards a second:
-    the members of a job that creates communicators one after another would pay it at
-    every bootstrap, since rank 0 serves ``MASTER_PORT`` only while it bootstraps.  A
-    plain connect, retried every few milliseconds, costs the server nothing (it sees a
-    client that leaves).  Gives up silently: ``_client`` then says what went wrong."""
-    pause = 0.001
-    while deadline.left_s() > _MIN_WAIT_S:
-        try:
-            with socket.create_connection((addr, port), timeout=min(deadline.left_s(), 1.0)):
-                return
-        except OSError:
-            time.sleep(min(pause, max(deadline.left_s(), 0.0)))
-            pause = min(pause * 2, _LISTENER_POLL_MAX_S)
 
 
 # -- waits with a deadline ------------------------------------------------------------------------
@@ -531,7 +528,7 @@ def _storeless(
         elif rank == 0:
             held = _serve_or_join_master(addr, port, deadline, where)
         else:
-            _await_listener(addr, port, deadline)
+            listen.await_listener(addr, port, deadline, _MIN_WAIT_S)
             held = _BootstrapStore(_client(addr, port, deadline, where, "rank 0", 0))
         try:
             assert held.store is not None

@@ -5,7 +5,8 @@ On the loopback address when the dialled address is loopback (``127.0.0.1``,
 interfaces (dual-stack where the kernel has IPv6) only for a host name (other hosts may
 resolve it to any of this host's addresses) or an address this host does not have (NAT).
 ``listen_socket`` binds with ``SO_REUSEADDR``, so "port taken" is known from ``bind``
-(``EADDRINUSE``), never guessed from a failed server start.
+(``EADDRINUSE``), never guessed from a failed server start; ``accepts`` tells a port taken
+by a server from one held by a connection's local end.
 """
 
 from __future__ import annotations
@@ -14,10 +15,15 @@ import errno
 import ipaddress
 import logging
 import socket
+import time
+
+from torchcomms.deadline import Deadline
 
 logger = logging.getLogger("torchcomms.transport.listen")
 
 _IP = ipaddress.IPv4Address | ipaddress.IPv6Address
+#: The longest pause between two connects to a server that is not up yet.
+_POLL_MAX_S = 0.02
 
 
 def _literal_ip(text: str) -> _IP | None:
@@ -89,3 +95,37 @@ def _wildcard_socket(port: int) -> socket.socket:
             if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT):
                 raise
     return _bound_socket(socket.AF_INET, "0.0.0.0", port)
+
+
+def accepts(addr: str, port: int, timeout_s: float) -> bool:
+    """Whether something accepts connections on ``addr:port`` (refused: False).
+
+    A port can be taken (``bind`` says ``EADDRINUSE``) with nothing listening on it: the
+    local end of a connection of this host holds it, when the port is in the ephemeral
+    range.  A connect that neither succeeds nor is refused in ``timeout_s`` counts as a
+    listener (a busy one)."""
+    try:
+        with socket.create_connection((addr, port), timeout=max(timeout_s, 0.001)):
+            return True
+    except ConnectionRefusedError:
+        return False
+    except OSError:
+        return True
+
+
+def await_listener(addr: str, port: int, deadline: Deadline, min_wait_s: float) -> None:
+    """Wait until something accepts connections on ``addr:port`` (bounded by ``deadline``).
+
+    c10d's client retries a refused connect with a back-off that grows towards a second:
+    the members of a job that creates communicators one after another would pay it at
+    every bootstrap, since rank 0 serves ``MASTER_PORT`` only while it bootstraps.  A
+    plain connect, retried every few milliseconds, costs the server nothing (it sees a
+    client that leaves).  Gives up silently: the caller's client says what went wrong."""
+    pause = 0.001
+    while deadline.left_s() > min_wait_s:
+        try:
+            with socket.create_connection((addr, port), timeout=min(deadline.left_s(), 1.0)):
+                return
+        except OSError:
+            time.sleep(min(pause, max(deadline.left_s(), 0.0)))
+            pause = min(pause * 2, _POLL_MAX_S)
