@@ -33,6 +33,7 @@ import datetime
 import gc
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -120,14 +121,29 @@ def _rank_main(args: argparse.Namespace) -> None:
 
 # -- the launcher ---------------------------------------------------------------------------------
 def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A free port below the ephemeral range: rank 0 serves MASTER_PORT only while it
+    bootstraps, and a port of that range could meanwhile become a connection's local end."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        high = int(f.read().split()[0])
+    for _ in range(200):
+        port = random.randrange(max(1024, high - 12000), high)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise SystemExit("no free port below the ephemeral range")
 
 
 def _run_transport(transport: str, args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix=f"churn-{transport}-") as out:
+        return _run_ranks(transport, args, out)
+
+
+def _run_ranks(transport: str, args: argparse.Namespace, out: str) -> dict[str, Any]:
+    """The ranks of one placement as fresh interpreters, writing their samples to ``out``."""
     world = args.world + (1 if transport == "hier" else 0)
-    out = tempfile.mkdtemp(prefix=f"churn-{transport}-")
     env = {
         **os.environ,
         _CHILD: "1",
@@ -183,11 +199,12 @@ def _run_transport(transport: str, args: argparse.Namespace) -> dict[str, Any]:
 def _row(sample: dict[str, Any]) -> str:
     fds = sample["fds"]
     ev = fds["eventfd"] + fds["eventpoll"] + fds["io_uring"]
+    trimmed = sample.get("rss_trimmed_kib")  # absent from files written before it was kept
+    in_use = f" ({trimmed // 1024} MiB in use)" if trimmed is not None else ""
     return (
         f"{sample['fd_total']:>4} (sock {fds['socket']:>3} pipe {fds['pipe']:>3} ev {ev:>3}) "
         f"thr {sample['py_threads']:>2}/{sample['tasks']:>3} maps {sample['maps']:>4} "
-        f"rss {sample['rss_kib'] // 1024:>4} MiB ({sample.get('rss_trimmed_kib', 0) // 1024} "
-        f"trimmed) shm {sample['segments']}"
+        f"rss {sample['rss_kib'] // 1024:>4} MiB{in_use} shm {sample['segments']}"
     )
 
 
