@@ -391,8 +391,11 @@ def _missing_rank(ctx: RankContext) -> dict[str, Any]:
     outcome: dict[str, Any] = {}
     if rank != 3:
         t = torch.ones(7, dtype=torch.float32)
+        # Rank 2 (rank 3's host peer) times out first: the others hear its timeout from
+        # the transport before their own, and must still name the rank that never entered.
+        first = timedelta(seconds=1 if rank == 2 else 3)
         try:
-            comm.all_reduce(t, ReduceOp.SUM, async_op=False, timeout=timedelta(seconds=2))
+            comm.all_reduce(t, ReduceOp.SUM, async_op=False, timeout=first)
         except (CommTimeoutError, PeerFailureError) as exc:
             outcome = {"type": type(exc).__name__, "message": str(exc)}
         try:

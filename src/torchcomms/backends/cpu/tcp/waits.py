@@ -156,6 +156,10 @@ class GlooWaiter:
             if kind == "mismatch":
                 return self.report.relayed(what, self.current, listed, peer)
             if kind == "timeout" and ranks:
+                # The peer's deadline came first; ask who never entered, as our own would.
+                missing = [] if lv is None else lv.missing(self._seq())
+                if set(ranks) & set(missing):
+                    return self._timed_out(what, None, missing)
                 return WaitError(
                     "timeout",
                     ranks,
@@ -228,12 +232,16 @@ class GlooWaiter:
         if time.monotonic() >= deadline.end:
             raise self._timed_out(what, peers)
 
-    def _timed_out(self, what: str, peers: Sequence[int] | None) -> WaitError:
-        """The timeout, naming who never entered the op (or, else, who is stopped)."""
+    def _timed_out(
+        self, what: str, peers: Sequence[int] | None, missing: Sequence[int] | None = None
+    ) -> WaitError:
+        """The timeout, naming who never entered the op (or, else, who is stopped);
+        ``missing`` is the census's answer where the caller already asked it."""
         lv = self.liveness
         if peers is not None:
             return WaitError("timeout", peers, f"waiting for {ranks_text(peers)} in {what}")
-        missing = [] if lv is None else lv.missing(self._seq())
+        if missing is None:
+            missing = [] if lv is None else lv.missing(self._seq())
         if missing:
             assert lv is not None
             quiet = sorted((lv.verdict.silent | lv.verdict.unknown) & set(missing))
