@@ -61,10 +61,8 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -165,39 +163,21 @@ _handed_out_ports: set[int] = set()
 _port_lock = threading.Lock()
 
 
-def _ephemeral_low() -> int:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
 def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago, below the ephemeral range.
-
-    Below it, the kernel never hands the port to a connection's local end: a store-less
-    bootstrap serves ``MASTER_PORT`` only while it runs, and a port of the ephemeral range
-    could meanwhile become the local port of a connection (and then sit in TIME_WAIT for a
-    minute), so the next bootstrap would wait for it (``test_bootstrap_races.py``).  The
-    port is released before returning (someone else must bind it), so there is a small
-    race with other processes; within this process a port is never handed out twice.
+    """Return a TCP port on 127.0.0.1 that was free a moment ago, below the ephemeral range
+    (``transport.listen.free_master_port``: a store-less bootstrap's ``MASTER_PORT`` must
+    not become a connection's local end between bootstraps).  The port is released before
+    returning (someone else must bind it), so there is a small race with other processes;
+    within this process a port is never handed out twice.
     """
-    high = _ephemeral_low()
-    low = max(1024, high - 12000)
+    # Imported here: a spawned worker imports this module before its task's environment is
+    # set, and must not import torchcomms then (flags read at its import).
+    from torchcomms.transport import listen
+
     with _port_lock:
-        for _ in range(200):
-            port = random.randrange(low, high)
-            if port in _handed_out_ports:
-                continue
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                try:
-                    sock.bind((MASTER_ADDR, port))
-                except OSError:
-                    continue
-            _handed_out_ports.add(port)
-            return port
-        raise RuntimeError("could not find a fresh free port")
+        port = listen.free_master_port(MASTER_ADDR, _handed_out_ports)
+        _handed_out_ports.add(port)
+        return port
 
 
 # --------------------------------------------------------------------------------------

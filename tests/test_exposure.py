@@ -133,6 +133,29 @@ def test_listen_target_follows_the_dialled_address() -> None:
         assert info.value.errno == errno.EADDRINUSE
 
 
+def test_a_held_port_is_told_from_a_listener_and_master_ports_avoid_the_ephemeral_range() -> None:
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
+    with listen.listen_socket("127.0.0.1", 0) as server:
+        port = server.getsockname()[1]
+        assert listen.accepts("127.0.0.1", port, 1.0) is True
+        held = socket.create_connection(("127.0.0.1", port))  # its local end holds a port
+        try:
+            local = held.getsockname()[1]
+            with pytest.raises(OSError) as info:
+                listen.listen_socket("127.0.0.1", local)
+            assert info.value.errno == errno.EADDRINUSE  # taken ...
+            assert listen.accepts("127.0.0.1", local, 1.0) is False  # ... by no listener
+        finally:
+            held.close()
+    picked = {listen.free_master_port() for _ in range(5)}
+    assert all(max(1024, ephemeral_low - 12000) <= p < ephemeral_low for p in picked), picked
+    again = listen.free_master_port(avoid=picked)
+    assert again not in picked
+    with pytest.raises(RuntimeError, match=r"no free port on 127\.0\.0\.1 in "):
+        listen.free_master_port(avoid=range(1024, ephemeral_low))
+
+
 # ----------------------------------------------------------------------------- dump permissions
 
 

@@ -33,13 +33,13 @@ import datetime
 import gc
 import json
 import os
-import random
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
+
+from torchcomms.transport import listen
 
 TRANSPORTS = ("shm", "tcp", "hier")
 _CHILD = "TORCHCOMM_CHURN_CHILD"
@@ -120,22 +120,6 @@ def _rank_main(args: argparse.Namespace) -> None:
 
 
 # -- the launcher ---------------------------------------------------------------------------------
-def _free_port() -> int:
-    """A free port below the ephemeral range: rank 0 serves MASTER_PORT only while it
-    bootstraps, and a port of that range could meanwhile become a connection's local end."""
-    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-        high = int(f.read().split()[0])
-    for _ in range(200):
-        port = random.randrange(max(1024, high - 12000), high)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise SystemExit("no free port below the ephemeral range")
-
-
 def _run_transport(transport: str, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"churn-{transport}-") as out:
         return _run_ranks(transport, args, out)
@@ -149,7 +133,7 @@ def _run_ranks(transport: str, args: argparse.Namespace, out: str) -> dict[str, 
         _CHILD: "1",
         "TORCHCOMM_SIZE": str(world),
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(listen.free_master_port()),
         "TORCHCOMM_TIMEOUT_SECONDS": str(args.timeout),
         "CHURN_OUT": out,
         "CHURN_HANDLES": os.path.join(out, "handles"),

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 from torchcomms.bench.runner import COMMAND_ENV
+from torchcomms.transport import listen
 
 GRACE_S = 3.0
 _LAUNCHER_VARS = (
@@ -32,10 +32,9 @@ _LAUNCHER_VARS = (
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (rank 0 binds it next)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that was free a moment ago (rank 0 binds it next), below
+    the ephemeral range (``transport.listen.free_master_port``)."""
+    return listen.free_master_port()
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:

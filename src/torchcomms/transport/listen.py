@@ -14,8 +14,10 @@ from __future__ import annotations
 import errno
 import ipaddress
 import logging
+import random
 import socket
 import time
+from collections.abc import Collection
 
 from torchcomms.deadline import Deadline
 
@@ -97,6 +99,15 @@ def _wildcard_socket(port: int) -> socket.socket:
     return _bound_socket(socket.AF_INET, "0.0.0.0", port)
 
 
+def _connect_error(addr: str, port: int, timeout_s: float) -> OSError | None:
+    """The error of one connect to ``addr:port`` (None: something accepted it)."""
+    try:
+        with socket.create_connection((addr, port), timeout=max(timeout_s, 0.001)):
+            return None
+    except OSError as exc:
+        return exc
+
+
 def accepts(addr: str, port: int, timeout_s: float) -> bool:
     """Whether something accepts connections on ``addr:port`` (refused: False).
 
@@ -104,13 +115,7 @@ def accepts(addr: str, port: int, timeout_s: float) -> bool:
     local end of a connection of this host holds it, when the port is in the ephemeral
     range.  A connect that neither succeeds nor is refused in ``timeout_s`` counts as a
     listener (a busy one)."""
-    try:
-        with socket.create_connection((addr, port), timeout=max(timeout_s, 0.001)):
-            return True
-    except ConnectionRefusedError:
-        return False
-    except OSError:
-        return True
+    return not isinstance(_connect_error(addr, port, timeout_s), ConnectionRefusedError)
 
 
 def await_listener(addr: str, port: int, deadline: Deadline, min_wait_s: float) -> None:
@@ -123,9 +128,37 @@ def await_listener(addr: str, port: int, deadline: Deadline, min_wait_s: float) 
     client that leaves).  Gives up silently: the caller's client says what went wrong."""
     pause = 0.001
     while deadline.left_s() > min_wait_s:
-        try:
-            with socket.create_connection((addr, port), timeout=min(deadline.left_s(), 1.0)):
-                return
-        except OSError:
-            time.sleep(min(pause, max(deadline.left_s(), 0.0)))
-            pause = min(pause * 2, _POLL_MAX_S)
+        if _connect_error(addr, port, min(deadline.left_s(), 1.0)) is None:
+            return
+        time.sleep(min(pause, max(deadline.left_s(), 0.0)))
+        pause = min(pause * 2, _POLL_MAX_S)
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def free_master_port(host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
+    """A port free on ``host`` a moment ago, below the ephemeral range, for ``MASTER_PORT``.
+
+    Rank 0 serves ``MASTER_PORT`` only while it bootstraps; a port of the ephemeral range
+    could meanwhile become a connection's local end (and then sit in TIME_WAIT for a
+    minute), which the next bootstrap would have to wait out.  Below the range the kernel
+    never hands it out.  ``avoid``: ports already handed out by the caller."""
+    high = _ephemeral_low()
+    low = max(1024, high - 12000)
+    for _ in range(200):
+        port = random.randrange(low, high)
+        if port in avoid:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port on {host} in {low}-{high - 1}")
