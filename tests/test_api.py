@@ -40,12 +40,12 @@ from torchcomms import (
     TorchCommBackend,
     TorchWork,
     WorkStatus,
-    bootstrap,
     config,
     hook_args,
     new_comm,
     register_backend,
 )
+from torchcomms.backends.cpu import bootstrap
 from torchcomms.backends.fake import TorchCommFake
 
 CPU = torch.device("cpu")

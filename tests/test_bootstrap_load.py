@@ -40,7 +40,7 @@ import torch
 
 from tests.harness import RankContext, run_ranks
 from torchcomms import CommTimeoutError, ReduceOp, new_comm
-from torchcomms.backends.cpu import leaders
+from torchcomms.backends.cpu.hier import leaders
 from torchcomms.transport.tcp import meet
 
 CPU = torch.device("cpu")

@@ -22,7 +22,7 @@ import torch
 from torchcomms import CommOptions, ReduceOp, TorchCommBackend, new_comm, register_backend
 from torchcomms.backends.contract import CommBackend
 from torchcomms.backends.cpu.backend import TorchCommGloo
-from torchcomms.backends.cpu.hier import HierOps
+from torchcomms.backends.cpu.hier.transport import HierOps
 from torchcomms.backends.cpu.ops import CpuOps
 from torchcomms.backends.cpu.shm.ops import ShmOps
 from torchcomms.backends.cpu.tcp.ops import TcpOps

@@ -1,4 +1,5 @@
-"""The package's shape, read from the source: no import cycles, layers in order, small modules.
+"""The package's shape, read from the source: no import cycles, layers in order, small modules,
+one rank vocabulary.
 
 The package rules each ``__init__`` docstring states (``backends/__init__.py``,
 ``backends/cpu/__init__.py``, ``transport/__init__.py``, ...) are checked here.
@@ -10,6 +11,7 @@ inside functions: a cycle hidden in a function is still a cycle in the design.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -149,6 +151,7 @@ _TRANSPORT_MAY_IMPORT = (
     "torchcomms.config",
     "torchcomms.deadline",
     "torchcomms.fingerprint",
+    "torchcomms.ranks",
     "torchcomms.types",
 )
 #: Packages that must not import each other (either direction), and one-way bans.
@@ -175,10 +178,11 @@ _NEVER = {
 _CPU_CHOOSERS = {
     "torchcomms.backends.cpu.backend",
     "torchcomms.backends.cpu.select",
-    "torchcomms.backends.cpu.hier",
 }
+#: Its sub-packages, and ``hier.transport`` (``HierOps``): ``hier``'s other modules
+#: (``leaders``, ``members``) serve every transport and sit with the top level.
 _CPU_SUBPACKAGES = tuple(
-    f"torchcomms.backends.cpu.{p}" for p in ("shm", "tcp", "window", "recovery")
+    f"torchcomms.backends.cpu.{p}" for p in ("shm", "tcp", "window", "recovery", "hier.transport")
 )
 
 
@@ -210,8 +214,9 @@ def test_sibling_packages_stay_apart() -> None:
 
 
 def test_only_the_cpu_choosers_reach_into_its_sub_packages() -> None:
-    # ``hier`` is the one ops class that delegates to both transports; ``select`` picks one;
-    # ``backend`` owns the result.  The shared modules (dispatch, ops, staging, ...) stay below.
+    # ``hier.transport`` is the one ops class that delegates to both transports; ``select``
+    # picks one; ``backend`` owns the result.  The shared modules (dispatch, ops, staging,
+    # ``hier.leaders``, ``hier.members``, ...) stay below.
     graph = _graph()
     wrong = [
         f"{module} -> {target}"
@@ -223,7 +228,7 @@ def test_only_the_cpu_choosers_reach_into_its_sub_packages() -> None:
         if _under(target, _CPU_SUBPACKAGES)
     ]
     assert wrong == []
-    assert graph["torchcomms.backends.cpu.hier"] & {
+    assert graph["torchcomms.backends.cpu.hier.transport"] & {
         "torchcomms.backends.cpu.shm.ops",
         "torchcomms.backends.cpu.tcp.ops",
     } == {"torchcomms.backends.cpu.shm.ops", "torchcomms.backends.cpu.tcp.ops"}
@@ -253,3 +258,81 @@ def test_public_names_are_public_and_importable() -> None:
     import torchcomms.hooks
     import torchcomms.objcol
     import torchcomms.tools
+
+
+#: The one module that names, encodes and parses rank lists; it imports nothing of ours.
+_RANK_VOCABULARY = "torchcomms.ranks"
+#: What a function of its own would be called: ``ranks_text``, ``encode_ranks``, ...
+_RANK_FUNCTION = re.compile(
+    r"ranks?_(text|str|format|encode|decode|parse)|(text|format|encode|decode|parse)_ranks?", re.I
+)
+
+#: What a rank set decodes to: a generic ``decode`` returning one is a rank codec.
+_RANK_SETS = ("set[int]", "frozenset[int]", "list[int]", "tuple[int, ...]")
+
+
+def _rank_vocabulary_copies(name: str, tree: ast.AST) -> list[str]:
+    """Functions of ``name`` that format, encode or parse rank lists; regex rewrites of text."""
+    rewrites = _under(name, ("torchcomms.backends", "torchcomms.transport"))
+    patterns = set()  # module-level names bound to re.compile(...)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            f = node.value.func
+            if isinstance(f, ast.Attribute) and f.attr == "compile":
+                patterns.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    wrong = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            args = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+            returns = ast.unparse(node.returns) if node.returns else ""
+            of_ranks = any("rank" in x for x in args) or returns in _RANK_SETS
+            generic = re.fullmatch(r"_?(encode|decode|parse|format)", node.name)
+            if _RANK_FUNCTION.search(node.name) or (generic and of_ranks):
+                wrong.append(f"{name}.{node.name} (line {node.lineno})")
+        elif rewrites and isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            f = node.func
+            pattern = isinstance(f.value, ast.Name) and f.value.id in ("re", *patterns)
+            if f.attr in ("sub", "subn") and pattern:
+                wrong.append(f"{name}: {ast.unparse(f)} rewrites text (line {node.lineno})")
+    return wrong
+
+
+def test_one_rank_vocabulary() -> None:
+    """Rank lists are named (``ranks_text``), encoded and parsed in ``torchcomms.ranks`` only,
+    a leaf every layer may import.  No other module defines its own formatter or codec, and
+    no backend or transport rewrites another layer's message with a regex: an error carries
+    its ranks as data (``WaitError.ranks``, ``WaitError.message``) and a layer that numbers
+    ranks differently renders the message with its numbering."""
+    graph = _graph()
+    assert graph[_RANK_VOCABULARY] == set()
+    wrong = [
+        found
+        for name, path in sorted(_modules().items())
+        if name != _RANK_VOCABULARY
+        for found in _rank_vocabulary_copies(name, ast.parse(path.read_text(), str(path)))
+    ]
+    assert wrong == []
+
+
+def test_the_rank_vocabulary_check_finds_copies() -> None:
+    # The checker itself, on a module that has each kind of copy.
+    source = """
+import re
+_RANKS = re.compile(r"ranks? (\\d+)")
+def encode_ranks(ranks): ...
+def decode(text, ranks): ...
+def parse(text) -> frozenset[int]: ...
+def _ranks_text(rs): ...
+def fix(msg): return _RANKS.sub("x", msg) + re.sub("a", "b", msg)
+def encode(self): ...
+"""
+    found = _rank_vocabulary_copies("torchcomms.backends.cpu.x", ast.parse(source))
+    assert [f.split(" ")[0] for f in found] == [
+        "torchcomms.backends.cpu.x.encode_ranks",
+        "torchcomms.backends.cpu.x.decode",
+        "torchcomms.backends.cpu.x.parse",
+        "torchcomms.backends.cpu.x._ranks_text",
+        "torchcomms.backends.cpu.x:",
+        "torchcomms.backends.cpu.x:",
+    ]

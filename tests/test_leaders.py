@@ -1,4 +1,4 @@
-"""Meeting through host leaders (``backends/cpu/leaders.py``) over a real TCPStore, each
+"""Meeting through host leaders (``backends/cpu/hier/leaders.py``) over a real TCPStore, each
 member on a thread of this process with a host identity of its own choosing: every
 member learns the same placement whatever the order of arrival, a host's pid list holds
 its members' pids in rank order, and a member that never comes is named by every rank
@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from torchcomms.backends.cpu import connect, leaders
-from torchcomms.backends.cpu.members import Members, host_pids_key
+from torchcomms.backends.cpu import connect
+from torchcomms.backends.cpu.hier import leaders
+from torchcomms.backends.cpu.hier.members import Members, host_pids_key
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError, CommTimeoutError
 

@@ -4,13 +4,13 @@
 Whatever the world size, a member makes the same number of store operations and moves
 the same bytes, on every transport (over tcp it is told its successor's listeners alone:
 the lane's handshakes pass on the rest, ``transport.tcp.meet``): rank 0 reads every member's identity in one ``multi_get`` and answers with one
-bundle for all (``cpu.members``), a shrink's agreement is led by its lowest live rank
+bundle for all (``cpu.hier.members``), a shrink's agreement is led by its lowest live rank
 (``cpu.recovery.agree``).  Rank 0 (the coordinator) is counted apart: its round trips are
 constant too, its bytes O(N).  Transports: shm (one host), tcp with gloo's eager and lazy
 connect (one rank per simulated host), and hierarchical (two ranks per simulated host;
 its shrink is run, not compared: the survivors' hosts differ in shape from N to N).
 ``check`` calls (how waits poll) depend on timing and are left out.  Counts, never times.
-Also the bundle itself (``cpu.members``): a launcher's placement in closed form.
+Also the bundle itself (``cpu.hier.members``): a launcher's placement in closed form.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 
 from tests.harness import RankContext, run_ranks
 from torchcomms import ReduceOp, new_comm, store_counts
-from torchcomms.backends.cpu import members
+from torchcomms.backends.cpu.hier import members
 
 #: transport -> (hints, world sizes, ranks per simulated host; 0: every rank on this host).
 CASES: dict[str, tuple[dict[str, str], tuple[int, ...], int]] = {
@@ -41,7 +41,7 @@ CASES: dict[str, tuple[dict[str, str], tuple[int, ...], int]] = {
 #: The most a member's bytes may differ between world sizes: the digits of ranks, sizes
 #: and pids in keys and values.
 DIGITS_SLACK = 24
-#: What a member's draw in the identity exchange adds (``cpu.leaders``): the first on its
+#: What a member's draw in the identity exchange adds (``cpu.hier.leaders``): the first on its
 #: host signs it in (an ``add``) and, past one member, summarises it (a ``multi_get`` and
 #: a ``multi_set``).
 ROLE_OPS = 3
@@ -131,7 +131,7 @@ def test_store_ops_and_bytes_per_member_do_not_grow_with_the_world(case: str) ->
         ops = {n: [r["ops"] for r in rs if not r["leads"]] for n, rs in rows.items()}
         members = {n: max(counts) for n, counts in ops.items() if counts}
         # Every size the same: rank 0 hears from host leaders, not from every member.  A
-        # member's count depends on its draw (``cpu.leaders``: the first on a host signs
+        # member's count depends on its draw (``cpu.hier.leaders``: the first on a host signs
         # it in), never on N.
         # Rank 0 reads its host's entries past the first only when there are any.
         assert max(leads.values()) - min(leads.values()) <= 1, (name, rows)
@@ -164,7 +164,7 @@ def _rank0_apart(ctx: RankContext) -> dict[str, Any]:
 
 
 def test_rank_0_hears_from_each_host_leader_not_from_each_member() -> None:
-    """``cpu.leaders``: with rank 0 alone on its host and the rest on another, rank 0's
+    """``cpu.hier.leaders``: with rank 0 alone on its host and the rest on another, rank 0's
     store round trips and bytes stay the same as that host fills up: it hears from the
     host's leader, never from its members."""
     got = {n: run_ranks(_rank0_apart, n, timeout=90, env=ENV) for n in (3, 4)}
@@ -204,7 +204,7 @@ def test_a_placement_is_described_in_closed_form_and_read_back(hosts: list[int],
 
 
 def test_a_member_learns_its_host_from_the_bundle() -> None:
-    """The bundle rank 0 writes (``cpu.leaders``): the placement and rank 0's pid, read by
+    """The bundle rank 0 writes (``cpu.hier.leaders``): the placement and rank 0's pid, read by
     every member; rank 0's pid is kept only where it shares rank 0's host."""
     placement = members.Placement.of([0, 0, 1, 1, 2, 2])
     bundle = json.dumps({"at": placement.encode(), "p0": 100})

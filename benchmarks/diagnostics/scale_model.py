@@ -28,7 +28,7 @@
    a + b*ceil(log2 N) (b comes out about 0 since the lane's handshakes carry the
    neighbours' addresses), each with the data's largest relative deviation from a pure
    constant; rank 0's round trips as a constant and its bytes as a member's + a + c*(U - 1),
-   U the units it hears from (``backends/cpu/leaders.py``): the hosts' leaders (N / ranks
+   U the units it hears from (``backends/cpu/hier/leaders.py``): the hosts' leaders (N / ranks
    per host), or every member when they share one host.  Projects at 1k/10k/100k (with
    the counts' ranks per host) the total round trips and bytes, the store's busy time,
    rank 0's own serial time (its bytes over the bandwidth plus 2 round trips), and checks
@@ -285,7 +285,7 @@ def fit_member(rows: dict[str, Any], transport: str, phase: str) -> dict[str, An
     logs = [float(_clog2(n)) for n in kept]
     a_mb, b_mb = _fit_line(logs, mb)
     # Rank 0 does what a member does, plus what it hears from each other host's leader
-    # and, as its own host's leader, from each member there (``backends/cpu/leaders.py``):
+    # and, as its own host's leader, from each member there (``backends/cpu/hier/leaders.py``):
     # fitted against the units it hears from, U - 1 (U: the hosts, or the members when
     # they share one host), the intercept holding its own host's share.
     per_host = int(rows[f"{transport}/{kept[-1]}/{phase}"].get("ranks_per_host") or 0)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from torchcomms.transport.errors import ranks_text
+from torchcomms.ranks import ranks_text
 from torchcomms.types import RedOpType, ReduceOp
 
 OP_NAMES = (

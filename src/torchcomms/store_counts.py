@@ -96,7 +96,7 @@ class CountingStore(c10d.Store):
         return values
 
     def add(self, key: str, amount: int) -> int:
-        # Adding 0 reads a counter: how waits on a count poll (``cpu.leaders``).
+        # Adding 0 reads a counter: how waits on a count poll (``cpu.hier.leaders``).
         _count("add" if amount else "read_counter", len(key) + 8, 8)
         return int(self.inner.add(key, amount))
 

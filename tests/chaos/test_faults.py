@@ -96,7 +96,7 @@ def test_a_stopped_rank_is_named_by_the_timeout(transport: str) -> None:
 
 
 #: Where rank 1 dies inside new_comm: right after its identity is out (it counted itself
-#: in, ``cpu.leaders``: the others learn its pid), inside the shm set-up, inside gloo's
+#: in, ``cpu.hier.leaders``: the others learn its pid), inside the shm set-up, inside gloo's
 #: connect.
 BIRTH_DEATHS = {
     "shm-after-identity": ("shm", "host/arrived"),

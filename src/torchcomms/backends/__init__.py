@@ -8,6 +8,6 @@
 * ``cpu/``: the CPU backend, registered as ``gloo``.
 
 May import the core modules (``errors``, ``types``, ``work``, ``state``, ``deadline``,
-``config``, ``bootstrap``, ...) and ``transport``; never ``comm``, ``hooks``, the bridge or
+``config``, ``ranks``, ...) and ``transport``; never ``comm``, ``hooks``, the bridge or
 the tools (``tests/test_layout.py``).
 """

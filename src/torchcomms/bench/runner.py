@@ -25,7 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from torchcomms import ReduceOp, TorchComm, bootstrap, config, new_comm
+from torchcomms import ReduceOp, TorchComm, config, new_comm
+from torchcomms.backends.cpu import bootstrap
 from torchcomms.bench import env as envmod
 from torchcomms.bench import memprobe, metrics, report
 from torchcomms.bench.ops import DTYPES, CaseParams, OpSpec

@@ -1,7 +1,7 @@
 """Transports below the CPU backend: how bytes move between the members of one communicator.
 
-Top level (shared by every transport): ``errors`` (``WaitError`` and ``ranks_text``, the
-one formatter that names ranks), ``procs`` (``process_alive``), ``wait_policy`` (how a rank
+Top level (shared by every transport): ``errors`` (``WaitError``, its ranks kept as data),
+``procs`` (``process_alive``), ``wait_policy`` (how a rank
 waits, from how many ranks share the cores), ``placement`` (opt-in core pinning), ``listen``
 (where a server listens).
 
@@ -10,6 +10,6 @@ point-to-point engine, wire format), ``gloo/`` (``ProcessGroupGloo`` constructio
 rendezvous), ``window/`` (window memory, shared memory; the TCP window server).
 
 Never imports ``backends`` or anything above it; may import the leaf core modules
-(``config``, ``deadline``, ``fingerprint``, ``types``).  ``shm``, ``tcp`` and ``gloo`` never
-import each other; ``window`` builds on ``shm`` (``tests/test_layout.py``).
+(``config``, ``deadline``, ``fingerprint``, ``ranks``, ``types``).  ``shm``, ``tcp`` and
+``gloo`` never import each other; ``window`` builds on ``shm`` (``tests/test_layout.py``).
 """

@@ -24,7 +24,8 @@ from datetime import timedelta
 
 import torch._C._distributed_c10d as c10d
 
-from torchcomms import bootstrap, config
+from torchcomms import config
+from torchcomms.backends.cpu import bootstrap
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError, CommTimeoutError, PeerFailureError
 from torchcomms.transport.listen import listen_socket

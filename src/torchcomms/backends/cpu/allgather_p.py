@@ -17,7 +17,7 @@ import torch
 
 from torchcomms.backends.cpu.staging import CPU_DTYPES
 from torchcomms.errors import CommValidationError
-from torchcomms.transport.errors import ranks_text
+from torchcomms.ranks import ranks_text
 
 #: The code of each dtype in the init exchange (a fixed order: processes compare codes).
 _DTYPE_CODES = {dtype: code for code, dtype in enumerate(CPU_DTYPES)}

@@ -31,12 +31,14 @@ from typing import Any
 import torch
 import torch._C._distributed_c10d as c10d
 
-from torchcomms import bootstrap, config
+from torchcomms import config
 from torchcomms.backends.contract import CommBackend
+from torchcomms.backends.cpu import bootstrap, select
 from torchcomms.backends.cpu import connect as cpu_connect
 from torchcomms.backends.cpu import errors as cpu_errors
-from torchcomms.backends.cpu import leaders, select
+from torchcomms.backends.cpu.bootstrap import CommStore
 from torchcomms.backends.cpu.dispatch import CpuDispatch
+from torchcomms.backends.cpu.hier import leaders
 from torchcomms.backends.cpu.ops import CpuOps
 from torchcomms.backends.cpu.recovery import agree, reconfigure
 from torchcomms.backends.cpu.shm import ops as shm_ops
@@ -44,7 +46,6 @@ from torchcomms.backends.cpu.staging import CPU_DTYPES
 from torchcomms.backends.cpu.tcp import liveness
 from torchcomms.backends.cpu.window.net import WindowNet
 from torchcomms.backends.cpu.window.window import CpuWindow, WindowContext
-from torchcomms.bootstrap import CommStore
 from torchcomms.deadline import Deadline
 from torchcomms.errors import (
     CommError,
@@ -94,7 +95,7 @@ class TorchCommGloo(CpuDispatch, CommBackend):
         self._size = -1
         self._ops: CpuOps | None = None
         self._store: CommStore | None = None
-        self._peers: list[tuple[str, int]] = []  # (host, pid) per comm rank: ``cpu.members``
+        self._peers: list[tuple[str, int]] = []  # (host, pid) per rank: ``cpu.hier.members``
         self._executor: OpExecutor | None = None
         self._split_counts: dict[tuple[str, tuple[int, ...]], int] = defaultdict(int)
         self._split_calls = 0  # every split of this comm, this rank in a group or not

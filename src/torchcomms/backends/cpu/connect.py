@@ -25,11 +25,11 @@ from typing import TypeVar
 import torch._C._distributed_c10d as c10d
 import torch.distributed
 
-from torchcomms.backends.cpu import members as members_mod
-from torchcomms.bootstrap import CommStore
+from torchcomms.backends.cpu.bootstrap import CommStore
+from torchcomms.backends.cpu.hier import members as members_mod
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError, CommTimeoutError, PeerFailureError
-from torchcomms.transport.errors import ranks_text
+from torchcomms.ranks import ranks_text
 from torchcomms.transport.procs import process_alive
 
 logger = logging.getLogger("torchcomms.backends.cpu.connect")
@@ -104,7 +104,7 @@ def wait_keys(
 
 
 #: Where the tcp path's members publish their listeners (``key/{rank}``), and meet
-#: (``LISTENERS_MET``, ``cpu.leaders.rendezvous``) before reading their successor's
+#: (``LISTENERS_MET``, ``cpu.hier.leaders.rendezvous``) before reading their successor's
 #: (``cpu.select``).
 LISTENERS = "listeners"
 LISTENERS_MET = "listeners/met"
@@ -305,7 +305,7 @@ def split_done(
 
 def read_host_pids(store: c10d.Store, members: members_mod.Members) -> None:
     """Learn the pids of this rank's host's members (``host/pids/<host>``, written by its
-    leader, ``cpu.leaders``; one ``get`` of O(ranks on this host) bytes, none when this
+    leader, ``cpu.hier.leaders``; one ``get`` of O(ranks on this host) bytes, none when this
     rank is alone on it)."""
     local = members.local_ranks()
     if members.local_pids_known():

@@ -17,7 +17,8 @@ from torchcomms.errors import (
     CommTimeoutError,
     PeerFailureError,
 )
-from torchcomms.transport.errors import WaitError, ranks_text
+from torchcomms.ranks import ranks_text
+from torchcomms.transport.errors import WaitError
 
 _TIMEOUT_MARKERS = ("timed out", "timeout")
 _PEER_MARKERS = (

@@ -1,7 +1,7 @@
 """Which transport a CPU communicator uses, and connecting it (collective over the members).
 
 * shm (``cpu.shm.ops``) when every member shares this host;
-* hierarchical (``cpu.hier``) when members span hosts and some host holds several;
+* hierarchical (``cpu.hier.transport``) when members span hosts and some host holds several;
 * flat tcp (``cpu.tcp.ops``: direct sockets, gloo for the rest) otherwise, or when
   ``transport=tcp`` is asked for.
 
@@ -22,8 +22,9 @@ import torch._C._distributed_c10d as c10d
 
 from torchcomms import config
 from torchcomms.backends.cpu import connect as cpu_connect
-from torchcomms.backends.cpu import hier, leaders
-from torchcomms.backends.cpu.members import Members
+from torchcomms.backends.cpu.hier import leaders
+from torchcomms.backends.cpu.hier import transport as hier
+from torchcomms.backends.cpu.hier.members import Members
 from torchcomms.backends.cpu.ops import CpuOps
 from torchcomms.backends.cpu.shm import ops as shm_ops
 from torchcomms.backends.cpu.tcp import census
@@ -228,7 +229,7 @@ def _successor_card(
     local: Mapping[int, int],
     prefix: str,
 ) -> str:
-    """Publish this rank's listeners (``card``); once every member has (``cpu.leaders``:
+    """Publish this rank's listeners (``card``); once every member has (``cpu.hier.leaders``:
     through the host leaders), read rank + 1's: O(1) store round trips and bytes."""
     key = cpu_connect.LISTENERS
     store.set(f"{key}/{members.rank}", card)

@@ -65,7 +65,8 @@ import torch
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint, checked_word, unpack_word
 from torchcomms.fingerprint import mismatch as fingerprint_mismatch
-from torchcomms.transport.errors import WaitError, ranks_text
+from torchcomms.ranks import Named, RankMessage, Ranks, Rename
+from torchcomms.transport.errors import WaitError
 from torchcomms.transport.shm import futex
 from torchcomms.transport.shm import segment as shm_segment
 from torchcomms.transport.wait_policy import WaitPolicy
@@ -101,7 +102,6 @@ _CAUSE_BITS = 7 * 63
 # The first deadline/liveness check of a wait: short waits (the common case) never pay for
 # reading /proc; the deadline is still honoured to within a few milliseconds.
 _FIRST_CHECK_S = 0.002
-
 
 
 class Layout:
@@ -379,11 +379,10 @@ class ShmChannel:
             unpack_word(flags[w], flags[m + 2], flags[m + 3])
             for w, m in zip(words, metas, strict=True)
         ]
-        found = fingerprint_mismatch(every)
-        if found is None:  # only some ranks were waited for; name those that differ
-            found = [r for r in among if every[r] != every[self.rank]], "different arguments"
-        bad, text = found
-        raise WaitError("mismatch", bad or list(among), f"{what}: collective mismatch: {text}")
+        found = fingerprint_mismatch(every)  # None: only some ranks were waited for
+        bad = found[0] if found else [r for r in among if every[r] != every[self.rank]]
+        message = RankMessage("{}: collective mismatch: {}", what, _Mismatch(every))
+        raise WaitError("mismatch", bad or list(among), message)
 
     def finish(self, k: int) -> None:
         """After reading round ``k``: say so (its slots may be rewritten in round ``k + 2``)."""
@@ -533,38 +532,28 @@ class ShmChannel:
         # Dead first: a survivor that failed (or left) because of them must not be blamed.
         dead = [r for r in ranks if not shm_segment.process_alive(self._pids[r])]
         if dead:
-            raise WaitError(
-                "dead",
-                dead,
-                f"{ranks_text(dead)} died (process gone) while this rank waited for "
-                f"{'them' if len(dead) > 1 else 'it'} {what}",
-            )
+            text = "{} died (process gone) while this rank waited for {} {}"
+            them = "them" if len(dead) > 1 else "it"
+            raise WaitError("dead", dead, RankMessage(text, Ranks(dead), them, what))
         for i, r in pending:
             state = flags[layout.rank_flag(r, STATE)]
             if state != STATE_OK and (i < 0 or flags[i] < value):
                 cause = self._cause(r)
                 gone = [c for c in cause if not shm_segment.process_alive(self._pids[c])]
                 if gone:
-                    raise WaitError(
-                        "dead",
-                        gone,
-                        f"{ranks_text(gone)} died (process gone); peer rank {r} failed on it "
-                        f"while this rank waited {what}",
-                    )
+                    text = "{} died (process gone); {} failed on it while this rank waited {}"
+                    raise WaitError("dead", gone, RankMessage(text, Ranks(gone), Ranks([r]), what))
                 missing = [c for c in cause if c != self.rank]
                 if state == STATE_TIMED_OUT and missing:
                     # It waited its whole timeout for them: so would we.  Name them, not it.
-                    raise WaitError(
-                        "timeout",
-                        missing,
-                        f"waiting for {ranks_text(missing)} {what} (peer rank {r} timed out "
-                        f"waiting for {'them' if len(missing) > 1 else 'it'})",
-                    )
-                raise WaitError(
-                    "peer_failed", [r], f"peer rank {r} {_STATE_TEXT.get(state, 'failed')}"
-                )
+                    text = "waiting for {} {} ({} timed out waiting for {})"
+                    them = "them" if len(missing) > 1 else "it"
+                    message = RankMessage(text, Ranks(missing), what, Ranks([r]), them)
+                    raise WaitError("timeout", missing, message)
+                message = RankMessage("{} {}", Ranks([r]), _STATE_TEXT.get(state, "failed"))
+                raise WaitError("peer_failed", [r], message)
         if now >= deadline.end:
-            raise WaitError("timeout", ranks, f"waiting for {ranks_text(ranks)} {what}")
+            raise WaitError("timeout", ranks, RankMessage("waiting for {} {}", Ranks(ranks), what))
 
     # -- lifecycle -------------------------------------------------------------------------
     def close(self, state: int = STATE_FINALIZED) -> None:
@@ -595,3 +584,15 @@ def _full_fence() -> None:
     releasing a lock runs locked read-modify-write instructions, which order both."""
     _fence_lock.acquire()
     _fence_lock.release()
+
+
+class _Mismatch(Named):
+    """Who passed what (``fingerprint.mismatch``), in the reader's rank numbering."""
+
+    def __init__(self, every: Sequence[tuple[Fingerprint, int]]) -> None:
+        self.every = every
+
+    def text(self, name: Rename | None = None) -> str:
+        labels = None if name is None else [name(r) for r in range(len(self.every))]
+        found = fingerprint_mismatch(self.every, labels)
+        return found[1] if found else "different arguments"

@@ -33,19 +33,10 @@ import torch._C._distributed_c10d as c10d
 
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommTimeoutError
-from torchcomms.transport.errors import ranks_text
+from torchcomms.ranks import decode_ranks, encode_ranks, ranks_text
 
 _POLL_MAX_S = 0.02
 _DECIDED = "decided"
-
-
-def encode(ranks: Iterable[int]) -> str:
-    return ",".join(str(r) for r in sorted(set(ranks)))
-
-
-def decode(text: bytes | str) -> frozenset[int]:
-    raw = text.decode() if isinstance(text, bytes) else text
-    return frozenset(int(r) for r in raw.split(",") if r)
 
 
 def agree_failed(
@@ -61,22 +52,23 @@ def agree_failed(
     failed = set(known) - {rank}
     round_ = 0
     while True:
-        store.set(f"r{round_}/{rank}", encode(failed))
+        store.set(f"r{round_}/{rank}", encode_ranks(failed))
         coordinator = min(r for r in range(size) if r not in failed)
         if coordinator == rank:
             views = _collect(store, round_, size, failed, is_dead, deadline, where)
             if views is not None:
                 union = set().union(*views) - {rank}
                 if union == failed:
-                    return decode(store.compare_set(_DECIDED, "", encode(failed)))
+                    decided = store.compare_set(_DECIDED, "", encode_ranks(failed))
+                    return frozenset(decode_ranks(decided))
                 failed = union
         else:
             later = _follow(store, round_, coordinator, is_dead, deadline, where)
             if later is None:
-                return decode(store.get(_DECIDED))
+                return frozenset(decode_ranks(store.get(_DECIDED)))
             failed |= later - {rank}
         if store.check([_DECIDED]):
-            return decode(store.get(_DECIDED))
+            return frozenset(decode_ranks(store.get(_DECIDED)))
         round_ += 1
 
 
@@ -107,7 +99,7 @@ def _collect(
             raise _timed_out(where, missing)
         time.sleep(min(pause, max(deadline.left_s(), 0.0)))
         pause = min(pause * 2, _POLL_MAX_S)
-    return [decode(v) for v in store.multi_get(list(waiting.values()))]
+    return [frozenset(decode_ranks(v)) for v in store.multi_get(list(waiting.values()))]
 
 
 def _follow(
@@ -126,7 +118,7 @@ def _follow(
         if store.check([_DECIDED]):
             return None
         if store.check([nxt]):
-            return decode(store.get(nxt))
+            return frozenset(decode_ranks(store.get(nxt)))
         if is_dead(coordinator):
             return frozenset({coordinator})
         if deadline.passed():

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 
 import torch._C._distributed_c10d as c10d
 
-from torchcomms import bootstrap, config
+from torchcomms import config
+from torchcomms.backends.cpu import bootstrap
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError, CommValidationError
 from torchcomms.store_counts import CountingStore

@@ -6,7 +6,7 @@ member maps it and acknowledges; rank 0 then unlinks the file at once, so ``/dev
 never keeps an entry past initialisation, even if a process is killed later) and returns
 the flat-tensor algorithms over it.  ``ShmOps`` turns the API's arguments (tensor lists,
 split sizes, device tensors, AVG) into those algorithms (``cpu.shm.collectives``) and the
-rings of ``transport.shm.p2p``.  The hierarchical path (``cpu.hier``) builds on
+rings of ``transport.shm.p2p``.  The hierarchical path (``cpu.hier.transport``) builds on
 ``open_collectives`` too.  Runs on the op's thread (see ``cpu.ops``).
 """
 

@@ -52,7 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from torchcomms.transport.errors import decode_ranks, encode_ranks
+from torchcomms.ranks import decode_ranks, encode_ranks
 
 #: How long a census may take, from the asker's timeout to its verdict.
 BUDGET_S = 1.5

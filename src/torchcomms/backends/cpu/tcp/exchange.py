@@ -20,7 +20,7 @@ import ctypes
 import torch
 
 from torchcomms import fingerprint as F
-from torchcomms.backends.cpu.tcp.waits import GlooWaiter
+from torchcomms.backends.cpu.tcp.waits import TransportWaiter
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
 from torchcomms.transport.tcp.lane import Lane, LaneOversize, LanePeerGone
@@ -42,7 +42,7 @@ def inline_limit(size: int) -> int:
 class Exchange:
     """The rows of one communicator's header exchange (see the module docstring)."""
 
-    def __init__(self, lane: Lane, rank: int, size: int, waiter: GlooWaiter) -> None:
+    def __init__(self, lane: Lane, rank: int, size: int, waiter: TransportWaiter) -> None:
         self.lane = lane
         self.rank = rank
         self.size = size

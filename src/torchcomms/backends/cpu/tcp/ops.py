@@ -44,7 +44,7 @@ from torchcomms.backends.cpu.tcp.exchange import Exchange
 from torchcomms.backends.cpu.tcp.liveness import Liveness
 from torchcomms.backends.cpu.tcp.mismatch import MismatchReport
 from torchcomms.backends.cpu.tcp.ring_ops import RingOps
-from torchcomms.backends.cpu.tcp.waits import GLOO_MARGIN_S, GlooWaiter
+from torchcomms.backends.cpu.tcp.waits import GLOO_MARGIN_S, TransportWaiter
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
 from torchcomms.transport.gloo import process_group as gloo
@@ -115,7 +115,9 @@ class TcpOps(CpuOps):
         self.check = check  # exchange headers on every collective (TORCHCOMM_MISMATCH_CHECK)
         self.seq = 0  # collectives entered
         report = MismatchReport(store, rank, size, self._announce)
-        self.waiter = GlooWaiter(rank, self.dead_peers, liveness, lambda: self.seq, lane, report)
+        self.waiter = TransportWaiter(
+            rank, self.dead_peers, liveness, lambda: self.seq, lane, report
+        )
         self._send_seq: dict[int, int] = defaultdict(int)
         self._recv_seq: dict[int, int] = defaultdict(int)
         self._pg_timeout = pg_timeout

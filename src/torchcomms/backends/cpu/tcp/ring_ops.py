@@ -35,7 +35,7 @@ import torch
 from torchcomms.backends.cpu.reductions import BINARY, BINARY_BOOL
 from torchcomms.backends.cpu.staging import finish_average
 from torchcomms.backends.cpu.tcp.exchange import HEADER_BYTES, Exchange, decode
-from torchcomms.backends.cpu.tcp.waits import GlooWaiter
+from torchcomms.backends.cpu.tcp.waits import TransportWaiter
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
 from torchcomms.transport.tcp.lane import Lane, LanePeerGone, LaneProtocolError
@@ -71,7 +71,7 @@ class RingOps:
         self,
         lane: Lane,
         exchange: Exchange,
-        waiter: GlooWaiter,
+        waiter: TransportWaiter,
         begin: Callable[[Fingerprint], int],
         check: bool,
     ) -> None:
@@ -198,7 +198,7 @@ class _LaneErrors:
 
     __slots__ = ("_waiter", "_what")
 
-    def __init__(self, waiter: GlooWaiter, what: str) -> None:
+    def __init__(self, waiter: TransportWaiter, what: str) -> None:
         self._waiter = waiter
         self._what = what
 

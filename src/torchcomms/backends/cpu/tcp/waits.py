@@ -1,4 +1,5 @@
-"""``GlooWaiter``: how the tcp path waits for gloo, so every wait has a deadline and a name.
+"""``TransportWaiter``: how the tcp path waits (gloo's calls and its own TCP lanes), so every
+wait has a deadline and a name.
 
 * A collective's gloo work is waited on in short slices (``SLICE``, non-destructive for
   gloo's collective works); between slices the waiter checks the abort flag, the peers'
@@ -26,7 +27,8 @@ from torchcomms.backends.cpu.tcp.liveness import Liveness
 from torchcomms.backends.cpu.tcp.mismatch import MismatchReport
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
-from torchcomms.transport.errors import WaitError, ranks_text
+from torchcomms.ranks import ranks_text
+from torchcomms.transport.errors import WaitError
 from torchcomms.transport.tcp.lane import Lane, LanePeerGone
 
 #: One wait slice: how soon a waiting op sees a dead peer, an abort or its deadline.
@@ -41,8 +43,8 @@ GLOO_MARGIN = timedelta(seconds=GLOO_MARGIN_S)
 ATTRIBUTION_S = 1.0
 
 
-class GlooWaiter:
-    """Waits of one gloo communicator (see the module docstring)."""
+class TransportWaiter:
+    """Every wait of one tcp communicator: gloo's works, the lane, p2p (module docstring)."""
 
     def __init__(
         self,

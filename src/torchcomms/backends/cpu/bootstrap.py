@@ -53,9 +53,9 @@ import torch._C._distributed_c10d as c10d
 from torchcomms import c10d_caller, config
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError, CommTimeoutError, PeerFailureError, forget_frames
+from torchcomms.ranks import ranks_text
 from torchcomms.store_counts import CountingStore
 from torchcomms.transport import listen
-from torchcomms.transport.errors import ranks_text
 from torchcomms.transport.gloo.process_group import underlying_tcp_host
 
 logger = logging.getLogger("torchcomms.bootstrap")

@@ -1,6 +1,6 @@
 """Who a CPU communicator's members are, as far as this rank needs to know: O(1) bytes each.
 
-The identity exchange (``cpu.leaders``) meets through host leaders; rank 0 reads one
+The identity exchange (``cpu.hier.leaders``) meets through host leaders; rank 0 reads one
 summary per host and gives the members one *bundle* instead of the whole list: where
 ranks sit on hosts in closed form (``Placement``: ``blocked L`` or ``cyclic H``, as
 launchers place them; an irregular placement as runs of host indices, O(hosts)), and
@@ -92,7 +92,7 @@ class Members:
     size: int
     placement: Placement
     pids: dict[int, int] = field(default_factory=dict)
-    #: This rank's host, as a store key's part (``cpu.leaders.host_tag``).
+    #: This rank's host, as a store key's part (``cpu.hier.leaders.host_tag``).
     host_tag: str = ""
 
     def __post_init__(self) -> None:
@@ -117,7 +117,7 @@ class Members:
 
     def leaders(self) -> list[tuple[int, int]]:
         """``(lowest rank, members)`` of each host, in host order: its leader at a
-        rendezvous (``cpu.leaders``)."""
+        rendezvous (``cpu.hier.leaders``)."""
         first: dict[int, int] = {}
         count: dict[int, int] = {}
         for r, h in enumerate(self._hosts):
@@ -143,7 +143,7 @@ def host_pids_key(host_tag: str) -> str:
 
 
 def from_bundle(rank: int, size: int, bundle: str, pid: int, host_tag: str = "") -> Members:
-    """A member's ``Members`` from rank 0's bundle (``cpu.leaders``)."""
+    """A member's ``Members`` from rank 0's bundle (``cpu.hier.leaders``)."""
     value = json.loads(bundle)
     members = Members(rank, size, Placement.decode(value["at"]), {rank: pid}, host_tag)
     if members.host(0) == members.host(rank):

@@ -14,7 +14,7 @@ O(ranks on its host) bytes, and rank 0 O(hosts) besides leading its own host:
   host, the holder of number 1 elsewhere) reads its host's entries in one ``multi_get``
   and writes the host's ranks as ranges (``host/s/<host>``) and its pid list; rank 0
   reads the sign-ins and the hosts' counts (a host of one needs nothing more), then the
-  summaries, plans the placement (``cpu.members``) and writes one bundle for all
+  summaries, plans the placement (``cpu.hier.members``) and writes one bundle for all
   (``host/all``), which every member reads.  A member: 4 round trips; a host's first:
   one more; a leader of several: two more.
 * **Rendezvous** (``rendezvous``), once the placement is known: a host's leader is its
@@ -44,10 +44,10 @@ from collections.abc import Mapping
 import torch._C._distributed_c10d as c10d
 
 from torchcomms.backends.cpu import connect as cpu_connect
-from torchcomms.backends.cpu.members import Members, Placement, from_bundle, host_pids_key
+from torchcomms.backends.cpu.hier.members import Members, Placement, from_bundle, host_pids_key
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError, CommTimeoutError
-from torchcomms.transport.errors import decode_ranks, encode_ranks
+from torchcomms.ranks import decode_ranks, encode_ranks
 
 #: How much longer rank 0 waits for the leaders' verdicts than the leaders wait for
 #: their members (the members wait twice as much longer for rank 0's).
@@ -105,7 +105,7 @@ def exchange_identities(
     prefix: str,
     pid: int | None = None,
 ) -> Members:
-    """Who the members are (``cpu.members``), met through host leaders (module docstring).
+    """Who the members are (``cpu.hier.members``), met through host leaders (module docstring).
     ``pid``: the process this rank is (this one's by default)."""
     pid = os.getpid() if pid is None else pid
     tag = host_tag(identity)

@@ -36,7 +36,6 @@ Runs on the op's thread (see ``cpu.ops``).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -55,13 +54,11 @@ from torchcomms.backends.cpu.staging import finish_average, on_host
 from torchcomms.backends.cpu.tcp.ops import TcpOps
 from torchcomms.backends.cpu.tcp.waits import GLOO_MARGIN
 from torchcomms.deadline import Deadline
-from torchcomms.transport.errors import WaitError, ranks_text
+from torchcomms.ranks import RankMessage, Ranks
+from torchcomms.transport.errors import WaitError
 from torchcomms.transport.gloo import process_group as gloo
 from torchcomms.transport.shm.channel import STATE_FAILED, STATE_FINALIZED
 from torchcomms.types import P2POp, RedOpType, ReduceOp
-
-#: "peer rank 1", "ranks 0, 2" in shm wait errors (host-local ranks, renamed to comm ranks).
-_RANKS_TEXT = re.compile(r"\b(peer )?ranks? (\d+(?:, \d+)*)")
 
 
 @dataclass(frozen=True)
@@ -240,26 +237,17 @@ class HierOps(CpuOps):
         try:
             call()
         except WaitError as exc:
+            members = self.topo.hosts[self.topo.host]
+            text = exc.message.text(members.__getitem__)  # the same message, in comm ranks
             lv = self.flat.liveness
             if exc.kind == "peer_failed" and lv is not None and lv.check_pids():
                 # A host peer failed because a rank elsewhere died: blame the dead.
                 dead = list(lv.dead)
-                raise WaitError(
-                    "dead", dead, f"{ranks_text(dead)} died (process gone); {exc}"
-                ) from exc
-            members = self.topo.hosts[self.topo.host]
-
-            def to_comm(m: re.Match[str]) -> str:
-                ranks = [members[int(r)] for r in m.group(2).split(", ")]
-                plural = "s" if len(ranks) > 1 else ""
-                return f"{m.group(1) or ''}rank{plural} {', '.join(map(str, ranks))}"
-
-            where = f"inside host {self.topo.host} of comm ranks {', '.join(map(str, members))}"
-            raise WaitError(
-                exc.kind,
-                [members[r] for r in exc.ranks],
-                f"{_RANKS_TEXT.sub(to_comm, str(exc))} [{where}]",
-            ) from exc
+                message = RankMessage("{} died (process gone); {}", Ranks(dead), text)
+                raise WaitError("dead", dead, message) from exc
+            where = RankMessage("inside host {} of {}", self.topo.host, Ranks(members, "comm rank"))
+            ranks = [members[r] for r in exc.ranks]
+            raise WaitError(exc.kind, ranks, RankMessage("{} [{}]", text, where)) from exc
 
     def _gloo_all_reduce(self, flat: torch.Tensor, op: ReduceOp, deadline: Deadline) -> None:
         o = c10d.AllreduceOptions()
