@@ -157,28 +157,38 @@ def test_cases_cover_every_op() -> None:
 
 
 def test_the_op_table_matches_the_methods_it_traces() -> None:
-    """Each row's argument names are the eager method's, in order, before ``async_op``; a row
-    whose kinds do not fit the method's signature is refused when the table is built."""
+    """Each row's argument names are the eager method's, in order, before ``async_op``; a
+    declaration whose kinds do not fit its signature is refused when the table is built."""
     import inspect
 
+    from torchcomms import optable
     from torchcomms.comm import TorchComm
-    from torchcomms.functional import table
+    from torchcomms.functional import autograd, table
 
     for spec in table.OPS:
         params = list(inspect.signature(getattr(TorchComm, spec.method)).parameters)[1:]
         assert params[: len(spec.names) + 1] == [*spec.names, "async_op"], spec
         assert len(spec.kinds) == len(spec.names), spec
-    assert table.OPS[0].schema() == "Tensor(a!) tensor, int red, float? factor, Tensor? factor_tensor"
-    assert table.OPS[0].mutated() == (0,)
+    all_reduce = next(s for s in table.OPS if s.method == "all_reduce")
+    assert all_reduce.schema() == "Tensor(a!) tensor, int red, float? factor, Tensor? factor_tensor"
+    assert all_reduce.mutated() == (0,)
     assert table.BATCH.mutated() == (1,)
     # upstream's names: in place, functional (its return: a new order token, then the outputs)
-    assert (table.OPS[0].op, table.OPS[0].functional) == ("torchcomm_all_reduce_", "torchcomm_all_reduce")
-    assert table.OPS[0].functional_returns() == "(Tensor, Tensor)"
+    assert (all_reduce.op, all_reduce.functional) == ("torchcomm_all_reduce_", "torchcomm_all_reduce")
+    assert all_reduce.functional_returns() == "(Tensor, Tensor)"
     gather = next(s for s in table.OPS if s.method == "all_gather")
     assert gather.functional_returns() == "(Tensor, Tensor[])"
-    assert table.DIFFERENTIABLE.issubset(spec.method for spec in table.OPS if spec.mutated())
-    with pytest.raises(RuntimeError, match=r"all_reduce's arguments are not \('out',\)"):
-        table._spec("all_reduce", (table.OUT,))
+    differentiable = {s.method for s in table.OPS if autograd.differentiable(s)}
+    assert differentiable == set(autograd._BACKWARDS)
+    assert differentiable.issubset(spec.method for spec in table.OPS if spec.mutated())
+
+    def all_reduce_without_timeout(self: object, tensor: object, op: object, async_op: bool) -> None:
+        pass
+
+    with pytest.raises(RuntimeError, match="must end with async_op, hints, timeout"):
+        optable.op(optable.OUT, optable.RED, inputs="tensor", outputs="tensor")(
+            all_reduce_without_timeout
+        )
 
 
 def test_a_traced_call_binds_arguments_as_the_eager_method_does() -> None:

@@ -19,6 +19,7 @@ from torchcomms.backends.fake import TorchCommFake
 from torchcomms.comm import BatchSendRecv, RemovableHandle, TorchComm, new_comm
 from torchcomms.comm_persistent import AllGatherPHandle
 from torchcomms.hook_args import *  # noqa: F403 - upstream exposes every hook-args class here
+from torchcomms.optable import OpName
 from torchcomms.registry import (
     _is_backend_registered,
     _load_backend,
@@ -41,7 +42,6 @@ from torchcomms.types import (
     CommOptions,
     GatherOptions,
     InitHandle,
-    OpName,
     P2POp,
     P2POpType,
     ReconfigureOptions,

@@ -31,8 +31,9 @@ from torchcomms.comm_ops import BatchSendRecv, CommOps
 from torchcomms.comm_persistent import PersistentAllGather
 from torchcomms.errors import CommStateError
 from torchcomms.oprecord import OpObserver
+from torchcomms.optable import OpName
 from torchcomms.state import CommState
-from torchcomms.types import AbortReason, CommOptions, OpName
+from torchcomms.types import AbortReason, CommOptions
 from torchcomms.window import TorchCommWindow
 from torchcomms.work import TorchWork
 

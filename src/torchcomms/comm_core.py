@@ -54,8 +54,9 @@ from torchcomms.backends.base import TorchCommBackend
 from torchcomms.backends.contract import CommBackend
 from torchcomms.errors import CommAbortedError, CommError, CommTimeoutError, PeerFailureError
 from torchcomms.oprecord import LaneObserver, OpObserver, OpRecord
+from torchcomms.optable import OpName
 from torchcomms.state import CommState, CommStatus
-from torchcomms.types import AbortInfo, AbortReason, CommOptions, OpName, OpOptions
+from torchcomms.types import AbortInfo, AbortReason, CommOptions, OpOptions
 from torchcomms.validation import Checker
 from torchcomms.work import CompletedWork, TorchWork
 

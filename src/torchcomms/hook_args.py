@@ -7,12 +7,13 @@ so ``isinstance(args, CollectivePostHookArgs)`` holds either way).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, make_dataclass
 from typing import Any
 
 import torch
 
-from torchcomms.types import OpName
+from torchcomms import optable
+from torchcomms.optable import OpName
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +309,20 @@ PRE_HOOK_ARG_TYPES = (
     BatchOpIssuePreHookArgs,
     FinalizePreHookArgs,
 )
+
+_GENERATED: dict[str, type] = {}
+
+
+def pre_hook_class(entry: optable.Op) -> type:
+    """The op's pre-hook argument class: upstream's (``AllReducePreHookArgs``), or for an
+    op upstream names none for, one made from its ``hook`` arguments and ``async_op``."""
+    name = entry.hook_class_name
+    found = globals().get(name) or _GENERATED.get(name)
+    if found is None:
+        found = make_dataclass(name, [*entry.hook, "async_op"], frozen=True, slots=True)
+        _GENERATED[name] = found
+    return found
+
 
 #: The post-hook argument class of each collective and point-to-point op.
 POST_HOOK_ARGS_BY_OP: dict[OpName, type[CollectivePostHookArgs]] = {

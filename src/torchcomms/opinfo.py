@@ -1,20 +1,23 @@
 """What the observability tools read off one op: its tensors' shapes and dtypes, root/peer, reduce op.
 
 Shared by the flight recorder, clog, the JSON event log and the collective check
-(``torchcomms.hooks``).  A vocabulary module about ops: it imports only ``torch`` and
-``torchcomms.types``.  Everything here runs on the issuing thread while the op's pre-hook
+(``torchcomms.hooks``), derived from each op's sides in the op table (``optable``) and its
+pre-hook argument class (``hook_args``).  Everything here runs on the issuing thread while the op's pre-hook
 args are alive (``OpRecord.args``/``call_args``), and keeps only shapes, dtypes and ints,
 never tensors.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from torchcomms.types import OpName, ReduceOp
+from torchcomms import hook_args, optable
+from torchcomms.optable import OpName
+from torchcomms.types import ReduceOp
 
 Sizes = tuple[torch.Size, ...]
 Dtypes = tuple[torch.dtype, ...]
@@ -73,72 +76,53 @@ def _stacked(ts: list[torch.Tensor]) -> tuple[Sizes, Dtypes]:
     return (torch.Size((len(ts), *ts[0].shape)),), (ts[0].dtype,)
 
 
-def _inplace(a: Any) -> Shapes:
-    s, d = _one(a.tensor)
-    return s, d, s, d
+def _nothing(_: Any) -> tuple[Sizes, Dtypes]:
+    return (), ()
 
 
-def _single(a: Any) -> Shapes:
-    return (*_one(a.input), *_one(a.output))
-
-
-def _all_gather(a: Any) -> Shapes:
-    return (*_one(a.input), *_stacked(a.output))
-
-
-def _list_out(a: Any) -> Shapes:
-    return (*_one(a.input), *_many(a.output))
-
-
-def _reduce_scatter(a: Any) -> Shapes:
-    return (*_stacked(a.input), *_one(a.output))
-
-
-def _list_in(a: Any) -> Shapes:
-    return (*_many(a.input), *_one(a.output))
-
-
-def _all_to_all(a: Any) -> Shapes:
-    return (*_many(a.input), *_many(a.output))
-
-
-def _scatter(a: Any) -> Shapes:
-    return (*_many(a.input), *_one(a.output))
-
-
-def _gather(a: Any) -> Shapes:
-    return (*_one(a.input), *_many(a.output))
-
-
-def _gather_single(a: Any) -> Shapes:
-    # Non-root ranks may pass any placeholder output; only the root's is real.
-    return (*_one(a.input), *_one(a.output))
-
-
-def _none(a: Any) -> Shapes:
-    return _EMPTY
-
-
-SHAPES: dict[OpName, Callable[[Any], Shapes]] = {
-    OpName.send: _inplace,
-    OpName.recv: _inplace,
-    OpName.broadcast: _inplace,
-    OpName.all_reduce: _inplace,
-    OpName.reduce: _inplace,
-    OpName.all_gather: _all_gather,
-    OpName.all_gather_v: _list_out,
-    OpName.all_gather_single: _single,
-    OpName.reduce_scatter: _reduce_scatter,
-    OpName.reduce_scatter_v: _list_in,
-    OpName.reduce_scatter_single: _single,
-    OpName.all_to_all_single: _single,
-    OpName.all_to_all_v_single: _single,
-    OpName.all_to_all: _all_to_all,
-    OpName.barrier: _none,
-    OpName.scatter: _scatter,
-    OpName.gather: _gather,
-    OpName.gather_single: _gather_single,
+_FORMS: dict[str, Callable[[Any], tuple[Sizes, Dtypes]]] = {
+    optable.ONE: _one,
+    optable.MANY: _many,
+    optable.STACKED: _stacked,
 }
+
+#: An op side as observers read it: the pre-hook arguments' field and the side's form.
+FieldSide = tuple[str, str] | None
+
+
+def _field_side(entry: optable.Op, side: optable.Side) -> FieldSide:
+    """The table's side (an argument of the method) as its pre-hook argument field."""
+    if side is None:
+        return None
+    fields = [f.name for f in dataclasses.fields(hook_args.pre_hook_class(entry))]
+    return fields[entry.hook.index(side[0])], side[1]
+
+
+def _sides(entry: optable.Op) -> tuple[FieldSide, FieldSide]:
+    inputs, outputs = _field_side(entry, entry.inputs), _field_side(entry, entry.outputs)
+    if entry.p2p:  # c10d records a send's or receive's one tensor on both sides
+        inputs = outputs = inputs or outputs
+    return inputs, outputs
+
+
+#: Each op's (input side, output side), from the op table.
+SIDES: dict[OpName, tuple[FieldSide, FieldSide]] = {e.name: _sides(e) for e in optable.OPS}
+
+
+def _shapes_of(sides: tuple[FieldSide, FieldSide]) -> Callable[[Any], Shapes]:
+    (i_field, i_form), (o_field, o_form) = (s or ("", "") for s in sides)
+    i_of, o_of = _FORMS.get(i_form, _nothing), _FORMS.get(o_form, _nothing)
+
+    def shapes_of(a: Any) -> Shapes:
+        return (
+            *i_of(getattr(a, i_field) if i_field else None),
+            *o_of(getattr(a, o_field) if o_field else None),
+        )
+
+    return shapes_of
+
+
+SHAPES: dict[OpName, Callable[[Any], Shapes]] = {n: _shapes_of(s) for n, s in SIDES.items()}
 
 
 def shapes(name: OpName, args: Any) -> Shapes:
@@ -152,21 +136,37 @@ def shapes(name: OpName, args: Any) -> Shapes:
         return _EMPTY
 
 
+def _tensors(args: Any, side: FieldSide) -> list[torch.Tensor]:
+    if side is None:
+        return []
+    value = getattr(args, side[0])
+    return [value] if side[1] == optable.ONE else list(value)
+
+
 def inputs_outputs(name: OpName, args: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The op's input and output tensors (in-place ops: the same tensor on both sides)."""
-    if args is None:
+    entry = optable.BY_NAME.get(name)
+    if args is None or entry is None or name is OpName.batch_op_issue:
         return [], []
-    if name in (OpName.broadcast, OpName.all_reduce, OpName.reduce):
-        return [args.tensor], [args.tensor]
-    if name is OpName.send:
-        return [args.tensor], []
-    if name is OpName.recv:
-        return [], [args.tensor]
-    inp = getattr(args, "input", None)
-    out = getattr(args, "output", None)
-    ins = list(inp) if isinstance(inp, (list, tuple)) else ([inp] if inp is not None else [])
-    outs = list(out) if isinstance(out, (list, tuple)) else ([out] if out is not None else [])
-    return ins, outs
+    inputs, outputs = _field_side(entry, entry.inputs), _field_side(entry, entry.outputs)
+    return _tensors(args, inputs), _tensors(args, outputs)
+
+
+def key_tensor(name: OpName, args: Any) -> tuple[torch.Tensor | None, bool]:
+    """The tensor whose shape every rank must agree on, and whether its shape must agree
+    (not where sizes vary by design): the op's one-tensor side, input first."""
+    entry = optable.BY_NAME.get(name)
+    if entry is None or entry.p2p:
+        return None, False
+    inputs, outputs = SIDES[name]
+    agree = not entry.varying
+    for side in (inputs, outputs):
+        if side is not None and side[1] == optable.ONE:
+            return getattr(args, side[0]), agree
+    if inputs is None:
+        return None, False
+    listed = getattr(args, inputs[0])
+    return (listed[0] if listed else None), False
 
 
 def reduce_op(record_call_args: tuple[Any, ...]) -> ReduceOp | None:
@@ -185,4 +185,8 @@ def root_or_peer(args: Any) -> int | None:
     return None if peer is None else int(peer)
 
 
-P2P_OPS = frozenset({OpName.send, OpName.recv, OpName.batch_op_issue})
+P2P_OPS = frozenset(n for n, e in optable.BY_NAME.items() if e.p2p)
+#: Ops whose pre-hook arguments hold their one tensor as ``tensor`` (in place, send, recv).
+ONE_TENSOR_OPS = frozenset(
+    n for n, (i, o) in SIDES.items() if i is not None and i == o and i[0] == "tensor"
+)

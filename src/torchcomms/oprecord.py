@@ -30,7 +30,7 @@ import time
 from datetime import timedelta
 from typing import Any, Generic, Protocol, TypeVar
 
-from torchcomms.types import OpName
+from torchcomms.optable import OpName
 from torchcomms.work import TorchWork, WorkStatus
 
 #: The communicator type that issued the op (``TorchComm``); a parameter, not an import,

@@ -129,33 +129,6 @@ for _t in RedOpType:
         setattr(ReduceOp, _t.name, ReduceOp(_t))
 
 
-class OpName(enum.Enum):
-    """Names of hookable operations, as upstream's Python ``OpName`` (plus ``batch_op_issue``)."""
-
-    send = enum.auto()
-    recv = enum.auto()
-    broadcast = enum.auto()
-    all_reduce = enum.auto()
-    reduce = enum.auto()
-    all_gather = enum.auto()
-    all_gather_v = enum.auto()
-    all_gather_single = enum.auto()
-    reduce_scatter = enum.auto()
-    reduce_scatter_v = enum.auto()
-    reduce_scatter_single = enum.auto()
-    all_to_all_single = enum.auto()
-    all_to_all_v_single = enum.auto()
-    all_to_all = enum.auto()
-    barrier = enum.auto()
-    scatter = enum.auto()
-    gather = enum.auto()
-    gather_single = enum.auto()
-    split = enum.auto()
-    new_window = enum.auto()
-    finalize = enum.auto()
-    batch_op_issue = enum.auto()
-
-
 class P2POpType(enum.Enum):
     SEND = 0
     RECV = 1

@@ -13,11 +13,13 @@ built-in backends implement directly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import torch
 
+from torchcomms import optable
 from torchcomms.errors import BackendNotImplementedError
 from torchcomms.types import CommOptions
 
@@ -161,73 +163,18 @@ class TorchCommBackend:
         except RuntimeError:
             return "<unnamed>"
 
-    # -- collectives, upstream's plug-in convention ---------------------------------------------
-    # Each takes the positional arguments named in its docstring (see the module docstring);
-    # the loose signature lets ``CommBackend`` give the built-ins their typed one.
-    def send(self, *args: Any, **kwargs: Any) -> Any:
-        """``send(tensor, dst, async_op)``"""
-        raise _pure_virtual("send")
 
-    def recv(self, *args: Any, **kwargs: Any) -> Any:
-        """``recv(tensor, src, async_op)``"""
-        raise _pure_virtual("recv")
+def _pure_virtual_op(entry: optable.Op) -> Callable[..., Any]:
+    """Upstream's plug-in convention for one op: ``method(*its arguments, async_op)``,
+    refused until the plug-in defines it."""
 
-    def broadcast(self, *args: Any, **kwargs: Any) -> Any:
-        """``broadcast(tensor, root, async_op)``"""
-        raise _pure_virtual("broadcast")
+    def op(self: TorchCommBackend, *args: Any, **kwargs: Any) -> Any:
+        raise _pure_virtual(entry.method)
 
-    def all_reduce(self, *args: Any, **kwargs: Any) -> Any:
-        """``all_reduce(tensor, op, async_op)``"""
-        raise _pure_virtual("all_reduce")
+    op.__name__ = entry.method
+    op.__doc__ = f"``{entry.method}({', '.join([*entry.names, 'async_op'])})``"
+    return op
 
-    def reduce(self, *args: Any, **kwargs: Any) -> Any:
-        """``reduce(tensor, root, op, async_op)``"""
-        raise _pure_virtual("reduce")
 
-    def all_gather(self, *args: Any, **kwargs: Any) -> Any:
-        """``all_gather(tensor_list, tensor, async_op)``"""
-        raise _pure_virtual("all_gather")
-
-    def all_gather_v(self, *args: Any, **kwargs: Any) -> Any:
-        """``all_gather_v(tensor_list, tensor, async_op)``"""
-        raise _pure_virtual("all_gather_v")
-
-    def all_gather_single(self, *args: Any, **kwargs: Any) -> Any:
-        """``all_gather_single(output, input, async_op)``"""
-        raise _pure_virtual("all_gather_single")
-
-    def reduce_scatter(self, *args: Any, **kwargs: Any) -> Any:
-        """``reduce_scatter(output, input_list, op, async_op)``"""
-        raise _pure_virtual("reduce_scatter")
-
-    def reduce_scatter_v(self, *args: Any, **kwargs: Any) -> Any:
-        """``reduce_scatter_v(output, input_list, op, async_op)``"""
-        raise _pure_virtual("reduce_scatter_v")
-
-    def reduce_scatter_single(self, *args: Any, **kwargs: Any) -> Any:
-        """``reduce_scatter_single(output, input, op, async_op)``"""
-        raise _pure_virtual("reduce_scatter_single")
-
-    def all_to_all_single(self, *args: Any, **kwargs: Any) -> Any:
-        """``all_to_all_single(output, input, async_op)``"""
-        raise _pure_virtual("all_to_all_single")
-
-    def all_to_all_v_single(self, *args: Any, **kwargs: Any) -> Any:
-        """``all_to_all_v_single(output, input, output_split_sizes, input_split_sizes, async_op)``"""
-        raise _pure_virtual("all_to_all_v_single")
-
-    def all_to_all(self, *args: Any, **kwargs: Any) -> Any:
-        """``all_to_all(output_tensor_list, input_tensor_list, async_op)``"""
-        raise _pure_virtual("all_to_all")
-
-    def barrier(self, *args: Any, **kwargs: Any) -> Any:
-        """``barrier(async_op)``"""
-        raise _pure_virtual("barrier")
-
-    def scatter(self, *args: Any, **kwargs: Any) -> Any:
-        """``scatter(output_tensor, input_tensor_list, root, async_op)``"""
-        raise _pure_virtual("scatter")
-
-    def gather(self, *args: Any, **kwargs: Any) -> Any:
-        """``gather(output_tensor_list, input_tensor, root, async_op)``"""
-        raise _pure_virtual("gather")
+for _entry in optable.OPS:
+    setattr(TorchCommBackend, _entry.method, _pure_virtual_op(_entry))

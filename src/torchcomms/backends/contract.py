@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch._C import _distributed_c10d as c10d
 
+from torchcomms import optable
 from torchcomms.backends.base import TorchCommBackend
 from torchcomms.errors import CommError, CommValidationError
 from torchcomms.state import CommStatus
-from torchcomms.types import CommOptions, OpOptions, P2POp, ReduceOp
+from torchcomms.types import CommOptions, OpOptions, P2POp
 from torchcomms.work import TorchWork
 
 #: Called once, with the first failure, after the comm moved to its error state
@@ -120,141 +122,27 @@ class CommBackend(TorchCommBackend, abc.ABC):
         """This rank is in no group of a ``split`` (it passed ``[]``); nothing by default."""
 
     # -- operations ------------------------------------------------------------------------
-    @abc.abstractmethod
-    def send(
-        self, tensor: torch.Tensor, dst: int, async_op: bool, options: OpOptions
-    ) -> TorchWork: ...
-
-    @abc.abstractmethod
-    def recv(
-        self, tensor: torch.Tensor, src: int, async_op: bool, options: OpOptions
-    ) -> TorchWork: ...
-
+    # Every op of ``optable.OPS`` as ``method(*its arguments, async_op, options) ->
+    # TorchWork`` (the arguments ``TorchComm`` validated, in its signature's order), filled
+    # in for a backend class by ``fill_ops``; a batch of sends and receives is its own call.
     @abc.abstractmethod
     def batch_op_issue(self, ops: list[P2POp], async_op: bool, options: OpOptions) -> TorchWork: ...
 
-    @abc.abstractmethod
-    def broadcast(
-        self, tensor: torch.Tensor, root: int, async_op: bool, options: OpOptions
-    ) -> TorchWork: ...
 
-    @abc.abstractmethod
-    def all_reduce(
-        self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, options: OpOptions
-    ) -> TorchWork: ...
+B = TypeVar("B", bound=type)
 
-    @abc.abstractmethod
-    def reduce(
-        self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool, options: OpOptions
-    ) -> TorchWork: ...
 
-    @abc.abstractmethod
-    def all_gather(
-        self,
-        tensor_list: list[torch.Tensor],
-        tensor: torch.Tensor,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork: ...
+def fill_ops(make: Callable[[optable.Op], Callable[..., TorchWork]]) -> Callable[[B], B]:
+    """Class decorator: give the class every op of the table it does not define itself,
+    as ``make(op)`` (a function taking ``self, *arguments, async_op, options``).
 
-    @abc.abstractmethod
-    def all_gather_v(
-        self,
-        tensor_list: list[torch.Tensor],
-        tensor: torch.Tensor,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork: ...
+    What a backend writes by hand (its fast paths, an op it maps in its own way) stays."""
 
-    @abc.abstractmethod
-    def all_gather_single(
-        self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
-    ) -> TorchWork: ...
+    def fill(cls: B) -> B:
+        own = [k for k in cls.__mro__ if k not in (CommBackend, TorchCommBackend, object)]
+        for entry in optable.OPS:
+            if not any(entry.method in vars(k) for k in own):
+                setattr(cls, entry.method, make(entry))
+        return cls
 
-    @abc.abstractmethod
-    def reduce_scatter(
-        self,
-        output: torch.Tensor,
-        input_list: list[torch.Tensor],
-        op: ReduceOp,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork: ...
-
-    @abc.abstractmethod
-    def reduce_scatter_v(
-        self,
-        output: torch.Tensor,
-        input_list: list[torch.Tensor],
-        op: ReduceOp,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork: ...
-
-    @abc.abstractmethod
-    def reduce_scatter_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        op: ReduceOp,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork: ...
-
-    @abc.abstractmethod
-    def all_to_all_single(
-        self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
-    ) -> TorchWork: ...
-
-    @abc.abstractmethod
-    def all_to_all_v_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_split_sizes: list[int],
-        input_split_sizes: list[int],
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork: ...
-
-    @abc.abstractmethod
-    def all_to_all(
-        self,
-        output_tensor_list: list[torch.Tensor],
-        input_tensor_list: list[torch.Tensor],
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork: ...
-
-    @abc.abstractmethod
-    def barrier(self, async_op: bool, options: OpOptions) -> TorchWork: ...
-
-    @abc.abstractmethod
-    def scatter(
-        self,
-        output_tensor: torch.Tensor,
-        input_tensor_list: list[torch.Tensor],
-        root: int,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork: ...
-
-    @abc.abstractmethod
-    def gather(
-        self,
-        output_tensor_list: list[torch.Tensor],
-        input_tensor: torch.Tensor,
-        root: int,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork: ...
-
-    @abc.abstractmethod
-    def gather_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        root: int,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork: ...
+    return fill

@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from torchcomms.backends.contract import CommBackend
-from torchcomms.types import CommOptions, OpOptions, P2POp, ReduceOp
+from torchcomms import optable
+from torchcomms.backends.contract import CommBackend, fill_ops
+from torchcomms.types import CommOptions, OpOptions, P2POp
 from torchcomms.work import CompletedWork, TorchWork
 
 
+def _no_op(entry: optable.Op) -> Callable[..., TorchWork]:
+    """An op that records its name and options and touches nothing."""
+    method = entry.method
+
+    def done(self: TorchCommFake, *args: Any) -> TorchWork:
+        return self._done(method, args[-1])
+
+    done.__name__ = method
+    return done
+
+
+@fill_ops(_no_op)
 class TorchCommFake(CommBackend):
     """Rank 0 of 1; every op returns a completed work without touching data."""
 
@@ -72,137 +86,5 @@ class TorchCommFake(CommBackend):
         self.last_op = (op, options)
         return CompletedWork()
 
-    def send(self, tensor: torch.Tensor, dst: int, async_op: bool, options: OpOptions) -> TorchWork:
-        return self._done("send", options)
-
-    def recv(self, tensor: torch.Tensor, src: int, async_op: bool, options: OpOptions) -> TorchWork:
-        return self._done("recv", options)
-
     def batch_op_issue(self, ops: list[P2POp], async_op: bool, options: OpOptions) -> TorchWork:
         return self._done("batch_op_issue", options)
-
-    def broadcast(
-        self, tensor: torch.Tensor, root: int, async_op: bool, options: OpOptions
-    ) -> TorchWork:
-        return self._done("broadcast", options)
-
-    def all_reduce(
-        self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, options: OpOptions
-    ) -> TorchWork:
-        return self._done("all_reduce", options)
-
-    def reduce(
-        self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool, options: OpOptions
-    ) -> TorchWork:
-        return self._done("reduce", options)
-
-    def all_gather(
-        self,
-        tensor_list: list[torch.Tensor],
-        tensor: torch.Tensor,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        return self._done("all_gather", options)
-
-    def all_gather_v(
-        self,
-        tensor_list: list[torch.Tensor],
-        tensor: torch.Tensor,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        return self._done("all_gather_v", options)
-
-    def all_gather_single(
-        self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
-    ) -> TorchWork:
-        return self._done("all_gather_single", options)
-
-    def reduce_scatter(
-        self,
-        output: torch.Tensor,
-        input_list: list[torch.Tensor],
-        op: ReduceOp,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        return self._done("reduce_scatter", options)
-
-    def reduce_scatter_v(
-        self,
-        output: torch.Tensor,
-        input_list: list[torch.Tensor],
-        op: ReduceOp,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        return self._done("reduce_scatter_v", options)
-
-    def reduce_scatter_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        op: ReduceOp,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        return self._done("reduce_scatter_single", options)
-
-    def all_to_all_single(
-        self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
-    ) -> TorchWork:
-        return self._done("all_to_all_single", options)
-
-    def all_to_all_v_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_split_sizes: list[int],
-        input_split_sizes: list[int],
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        return self._done("all_to_all_v_single", options)
-
-    def all_to_all(
-        self,
-        output_tensor_list: list[torch.Tensor],
-        input_tensor_list: list[torch.Tensor],
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        return self._done("all_to_all", options)
-
-    def barrier(self, async_op: bool, options: OpOptions) -> TorchWork:
-        return self._done("barrier", options)
-
-    def scatter(
-        self,
-        output_tensor: torch.Tensor,
-        input_tensor_list: list[torch.Tensor],
-        root: int,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        return self._done("scatter", options)
-
-    def gather(
-        self,
-        output_tensor_list: list[torch.Tensor],
-        input_tensor: torch.Tensor,
-        root: int,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        return self._done("gather", options)
-
-    def gather_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        root: int,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        return self._done("gather_single", options)

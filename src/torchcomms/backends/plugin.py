@@ -21,15 +21,29 @@ from typing import Any
 
 import torch
 
+from torchcomms import optable
 from torchcomms.backends.base import TorchCommBackend
-from torchcomms.backends.contract import CommBackend
+from torchcomms.backends.contract import CommBackend, fill_ops
 from torchcomms.errors import BackendNotImplementedError, CommError
-from torchcomms.types import CommOptions, OpOptions, P2POp, ReduceOp
+from torchcomms.types import CommOptions, OpOptions, P2POp
 from torchcomms.work import PythonBackendWork, TorchWork, completed_python_work
 
 BATCH_UNSUPPORTED = "[PyTorchCommBackend]: batch_op_issue not implemented for Python backends"
 
 
+def _forwarded(entry: optable.Op) -> Callable[..., TorchWork]:
+    """The plug-in's method of the op, with the op's arguments and ``async_op``."""
+    method = entry.method
+
+    def forward(self: PluginBackend, *args: Any) -> TorchWork:
+        call = getattr(self.plugin, method)
+        return self._call(lambda: call(*args[:-1]))
+
+    forward.__name__ = method
+    return forward
+
+
+@fill_ops(_forwarded)
 class PluginBackend(CommBackend):
     """Adapts one plug-in instance (see the module docstring)."""
 
@@ -128,140 +142,8 @@ class PluginBackend(CommBackend):
             cause = exc if isinstance(exc, CommError) else CommError(f"{type(exc).__name__}: {exc}")
             self.report_failure(cause)
 
-    def send(self, tensor: torch.Tensor, dst: int, async_op: bool, options: OpOptions) -> TorchWork:
-        return self._call(lambda: self.plugin.send(tensor, dst, async_op))
-
-    def recv(self, tensor: torch.Tensor, src: int, async_op: bool, options: OpOptions) -> TorchWork:
-        return self._call(lambda: self.plugin.recv(tensor, src, async_op))
-
     def batch_op_issue(self, ops: list[P2POp], async_op: bool, options: OpOptions) -> TorchWork:
         raise RuntimeError(BATCH_UNSUPPORTED)
-
-    def broadcast(
-        self, tensor: torch.Tensor, root: int, async_op: bool, options: OpOptions
-    ) -> TorchWork:
-        return self._call(lambda: self.plugin.broadcast(tensor, root, async_op))
-
-    def all_reduce(
-        self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, options: OpOptions
-    ) -> TorchWork:
-        return self._call(lambda: self.plugin.all_reduce(tensor, op, async_op))
-
-    def reduce(
-        self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool, options: OpOptions
-    ) -> TorchWork:
-        return self._call(lambda: self.plugin.reduce(tensor, root, op, async_op))
-
-    def all_gather(
-        self,
-        tensor_list: list[torch.Tensor],
-        tensor: torch.Tensor,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        return self._call(lambda: self.plugin.all_gather(tensor_list, tensor, async_op))
-
-    def all_gather_v(
-        self,
-        tensor_list: list[torch.Tensor],
-        tensor: torch.Tensor,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        return self._call(lambda: self.plugin.all_gather_v(tensor_list, tensor, async_op))
-
-    def all_gather_single(
-        self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
-    ) -> TorchWork:
-        return self._call(lambda: self.plugin.all_gather_single(output, input, async_op))
-
-    def reduce_scatter(
-        self,
-        output: torch.Tensor,
-        input_list: list[torch.Tensor],
-        op: ReduceOp,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        return self._call(lambda: self.plugin.reduce_scatter(output, input_list, op, async_op))
-
-    def reduce_scatter_v(
-        self,
-        output: torch.Tensor,
-        input_list: list[torch.Tensor],
-        op: ReduceOp,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        return self._call(lambda: self.plugin.reduce_scatter_v(output, input_list, op, async_op))
-
-    def reduce_scatter_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        op: ReduceOp,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        return self._call(lambda: self.plugin.reduce_scatter_single(output, input, op, async_op))
-
-    def all_to_all_single(
-        self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
-    ) -> TorchWork:
-        return self._call(lambda: self.plugin.all_to_all_single(output, input, async_op))
-
-    def all_to_all_v_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_split_sizes: list[int],
-        input_split_sizes: list[int],
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        return self._call(
-            lambda: self.plugin.all_to_all_v_single(
-                output, input, output_split_sizes, input_split_sizes, async_op
-            )
-        )
-
-    def all_to_all(
-        self,
-        output_tensor_list: list[torch.Tensor],
-        input_tensor_list: list[torch.Tensor],
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        return self._call(
-            lambda: self.plugin.all_to_all(output_tensor_list, input_tensor_list, async_op)
-        )
-
-    def barrier(self, async_op: bool, options: OpOptions) -> TorchWork:
-        return self._call(lambda: self.plugin.barrier(async_op))
-
-    def scatter(
-        self,
-        output_tensor: torch.Tensor,
-        input_tensor_list: list[torch.Tensor],
-        root: int,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        return self._call(
-            lambda: self.plugin.scatter(output_tensor, input_tensor_list, root, async_op)
-        )
-
-    def gather(
-        self,
-        output_tensor_list: list[torch.Tensor],
-        input_tensor: torch.Tensor,
-        root: int,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        return self._call(
-            lambda: self.plugin.gather(output_tensor_list, input_tensor, root, async_op)
-        )
 
     def gather_single(
         self,
@@ -273,7 +155,8 @@ class PluginBackend(CommBackend):
     ) -> TorchWork:
         """Upstream's default: the root views its output as comm_size chunks and gathers."""
         outs = list(output.view(-1).chunk(self.get_size())) if self.get_rank() == root else []
-        return self._call(lambda: self.plugin.gather(outs, input, root, async_op))
+        gather = _forwarded(optable.BY_NAME[optable.OpName.gather])
+        return gather(self, outs, input, root, async_op, options)
 
 
 def as_work(result: Any, on_error: Callable[[BaseException], None] | None = None) -> TorchWork:

@@ -85,7 +85,7 @@ def _check_linear(method: str, red: int) -> int:
 
 
 def register(spec: table.OpSpec, lib: torch.library.Library) -> None:
-    """Register the formula of one ``table.DIFFERENTIABLE`` row on its functional op."""
+    """Register the formula of one differentiable op (``differentiable``) on its functional op."""
     backward_of = _BACKWARDS[spec.method]
     positions: dict[str, int] = {}
     at = 2
@@ -212,3 +212,9 @@ _BACKWARDS: dict[str, _Backward] = {
     "all_to_all_single": _all_to_all_single,
     "all_to_all_v_single": _all_to_all_v_single,
 }
+
+
+def differentiable(spec: table.OpSpec) -> bool:
+    """Whether the op has an autograd formula here (upstream's set: the others write
+    outside autograd)."""
+    return spec.method in _BACKWARDS

@@ -27,7 +27,7 @@ from torch._opaque_base import OpaqueBaseMeta
 from torchcomms import comm as comm_module
 from torchcomms.comm import TorchComm
 from torchcomms.comm_ops import BatchSendRecv
-from torchcomms.functional import ops, table, traced
+from torchcomms.functional import autograd, ops, table, traced
 from torchcomms.types import BatchP2POptions, P2POp, P2POpType
 from torchcomms.work import TorchWork
 
@@ -87,7 +87,7 @@ def _traceable(spec: table.OpSpec) -> Callable[..., Any]:
     method, untouched."""
     eager = getattr(TorchComm, spec.method)
     op_name, names, kinds = spec.op, spec.names, spec.kinds
-    functional = spec.functional if spec.differentiable else None
+    functional = spec.functional if autograd.differentiable(spec) else None
 
     @functools.wraps(eager)
     def method(self: TorchComm, *args: Any, **kwargs: Any) -> Any:

@@ -361,7 +361,7 @@ def define(comm_type_name: str) -> None:
         torch.library.register_fake(
             f"{NAMESPACE}::{functional}", _functional_fake(mutated), lib=lib
         )
-        if spec.differentiable:
+        if autograd.differentiable(spec):
             autograd.register(spec, lib)
     lib.define(f"{WAIT}(Tensor(t!) token, Tensor(a!)[] tensors, int call_id) -> ()")
     lib.impl(WAIT, _wait, "CompositeExplicitAutograd")

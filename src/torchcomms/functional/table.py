@@ -1,34 +1,21 @@
-"""The one table of communicator ops the compile layer knows: each op's arguments, by kind.
+"""The compile layer's view of the op table (``torchcomms.optable``): names and schemas.
 
-Everything per-op in the compile layer is derived from ``OPS``: the custom ops' names
-(upstream's, ``torchcomm_<method>_`` in place and ``torchcomm_<method>`` functional), schemas
-and eager kernels (``ops``), what a traced call emits (``traced``), which ops have autograd
-formulas (``DIFFERENTIABLE``; the formulas are in ``autograd``) and the methods of the opaque
-communicator that Dynamo inlines (``opaque``).  Adding an op is one row here.
-
-A row is the ``TorchComm`` method's name and the kinds of its arguments before
-``async_op``; the argument names are read from the method's signature, so a traced call
-binds positional and keyword arguments exactly as the eager method does.
+Everything per-op in the compile layer is derived from ``OPS``, one ``OpSpec`` per op of
+the table: the custom ops' names (upstream's, ``torchcomm_<method>_`` in place and
+``torchcomm_<method>`` functional), schemas and eager kernels (``ops``), what a traced call
+emits (``traced``) and the methods of the opaque communicator that Dynamo inlines
+(``opaque``).  An op is differentiable when ``autograd`` has a formula for it.  The argument
+names and kinds are the table's, so a traced call binds positional and keyword arguments
+exactly as the eager method does.
 """
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
-from torchcomms.comm import TorchComm
+from torchcomms import optable
+from torchcomms.optable import BOOLS, INT, INTS, OUT, OUTS, RED, TENSOR, TENSORS
 
-#: Argument kinds: how each becomes schema types (``RED`` is a reduce op, flattened to three).
-TENSOR, OUT, TENSORS, OUTS, INT, INTS, BOOLS, RED = (
-    "tensor",
-    "out",
-    "tensors",
-    "outs",
-    "int",
-    "ints",
-    "bools",
-    "red",
-)
 _SCHEMA = {
     TENSOR: "Tensor {}",
     OUT: "Tensor(a!) {}",
@@ -62,11 +49,6 @@ class OpSpec:
         gives the form an ``async_op=True`` call emits (``torchcomm_all_reduce_async``)."""
         return self.functional + "_"
 
-    @property
-    def differentiable(self) -> bool:
-        """Whether the op has an autograd formula (``torchcomms.functional.autograd``)."""
-        return self.method in DIFFERENTIABLE
-
     def functional_returns(self) -> str:
         """The functional op's return types: a new order token, then each written argument."""
         outs = ["Tensor" if k == OUT else "Tensor[]" for k in self.kinds if k in (OUT, OUTS)]
@@ -88,51 +70,7 @@ class OpSpec:
 
 #: The prefix of every op's name (upstream's: the class name, lower case).
 PREFIX = "torchcomm_"
-#: The ops with autograd formulas, as upstream defines them (the rest write outside autograd).
-DIFFERENTIABLE = frozenset(
-    {
-        "all_reduce",
-        "all_gather",
-        "all_gather_single",
-        "reduce_scatter",
-        "reduce_scatter_single",
-        "all_to_all_single",
-        "all_to_all_v_single",
-    }
-)
 
-#: method -> the kinds of its arguments before ``async_op``.
-_ROWS: dict[str, tuple[str, ...]] = {
-    "all_reduce": (OUT, RED),
-    "reduce": (OUT, INT, RED),
-    "broadcast": (OUT, INT),
-    "all_gather": (OUTS, TENSOR),
-    "all_gather_v": (OUTS, TENSOR),
-    "all_gather_single": (OUT, TENSOR),
-    "reduce_scatter": (OUT, TENSORS, RED),
-    "reduce_scatter_v": (OUT, TENSORS, RED),
-    "reduce_scatter_single": (OUT, TENSOR, RED),
-    "all_to_all": (OUTS, TENSORS),
-    "all_to_all_single": (OUT, TENSOR),
-    "all_to_all_v_single": (OUT, TENSOR, INTS, INTS),
-    "scatter": (OUT, TENSORS, INT),
-    "gather": (OUTS, TENSOR, INT),
-    "gather_single": (OUT, TENSOR, INT),
-    "send": (TENSOR, INT),
-    "recv": (OUT, INT),
-    "barrier": (),
-}
-
-
-def _spec(method: str, kinds: tuple[str, ...]) -> OpSpec:
-    params = list(inspect.signature(getattr(TorchComm, method)).parameters)[1:]
-    if params[len(kinds)] != "async_op":
-        raise RuntimeError(f"torchcomms.functional.table: {method}'s arguments are not {kinds}")
-    return OpSpec(method, tuple(params[: len(kinds)]), kinds)
-
-
-OPS: tuple[OpSpec, ...] = tuple(_spec(m, k) for m, k in _ROWS.items())
+OPS: tuple[OpSpec, ...] = tuple(OpSpec(e.method, e.names, e.kinds) for e in optable.OPS)
 #: A batch of sends and receives (``batch_op_create().issue()``), in the order they were queued.
-BATCH = OpSpec(
-    "batch_op_issue", ("sends", "recvs", "is_recv", "peers"), (TENSORS, OUTS, BOOLS, INTS)
-)
+BATCH = OpSpec(optable.BATCH.method, optable.BATCH.names, optable.BATCH.kinds)

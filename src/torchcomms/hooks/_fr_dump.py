@@ -37,7 +37,7 @@ from typing import Any
 
 from torchcomms import config, opinfo
 from torchcomms.comm import TorchComm
-from torchcomms.types import OpName
+from torchcomms.optable import OpName
 
 FR_VERSION = "2.10"
 #: ``comm_lib_version`` of every dump: how ``python -m torchcomms.tools.fr`` knows its own.

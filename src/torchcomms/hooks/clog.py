@@ -27,10 +27,11 @@ from typing import IO, Any
 
 import torch
 
-from torchcomms import opinfo
+from torchcomms import opinfo, optable
 from torchcomms.comm import TorchComm
 from torchcomms.oprecord import OpRecord
-from torchcomms.types import OpName, RedOpType
+from torchcomms.optable import OpName
+from torchcomms.types import RedOpType
 
 _LIFECYCLE_EVENTS = frozenset({"LIFECYCLE", "ALL"})
 _VALID_EVENTS = _LIFECYCLE_EVENTS
@@ -48,28 +49,6 @@ _RED_OP_NAMES = {
     RedOpType.AVG: "avg",
 }
 
-_INPLACE = (OpName.all_reduce, OpName.broadcast, OpName.reduce)
-_LIST_OUT = (OpName.all_gather, OpName.all_gather_v, OpName.gather)
-_LIST_IN = (OpName.reduce_scatter, OpName.reduce_scatter_v, OpName.scatter)
-_SINGLE = (
-    OpName.all_gather_single,
-    OpName.all_to_all_single,
-    OpName.reduce_scatter_single,
-    OpName.gather_single,
-)
-_REDUCING = frozenset(
-    {
-        OpName.all_reduce,
-        OpName.reduce,
-        OpName.reduce_scatter,
-        OpName.reduce_scatter_v,
-        OpName.reduce_scatter_single,
-    }
-)
-_ROOTED = frozenset(
-    {OpName.broadcast, OpName.reduce, OpName.scatter, OpName.gather, OpName.gather_single}
-)
-
 
 def _dtype(t: Any) -> str:
     if isinstance(t, torch.Tensor):
@@ -85,63 +64,53 @@ def _addr(t: torch.Tensor) -> str:
     return hex(t.data_ptr())
 
 
+def _side(args: Any, side: opinfo.FieldSide, prefix: str) -> tuple[str, Any]:
+    """``in_count=N`` / ``in_counts=a,b`` / ``in_count=0`` for one side, and its tensors."""
+    if side is None:
+        return f"{prefix}_count=0", None
+    value = getattr(args, side[0])
+    if side[1] == optable.ONE:
+        return f"{prefix}_count={value.numel()}", value
+    return f"{prefix}_counts={_counts(value)}", value
+
+
+def _addrs(value: Any) -> str:
+    return _addr(value) if isinstance(value, torch.Tensor) else ",".join(_addr(t) for t in value)
+
+
 def signature(name: OpName, args: Any, call_args: tuple[Any, ...], buffers: bool) -> str:
-    """``<op>|k=v|...`` (without the comm) as upstream's ClogHook writes it."""
+    """``<op>|k=v|...`` (without the comm) as upstream's ClogHook writes it, from the op's
+    sides in the op table: counts, dtype, peer, buffers, reduce op, root, async_op."""
     parts = [name.name]
-    if name in _INPLACE:
-        t = args.tensor
-        parts += [f"in_count={t.numel()}", f"out_count={t.numel()}", f"dtype={_dtype(t)}"]
-        if buffers:
-            parts.append(f"buf={_addr(t)}")
-    elif name is OpName.send:
-        t = args.tensor
-        parts += [f"in_count={t.numel()}", "out_count=0", f"dtype={_dtype(t)}", f"peer={args.peer}"]
-    elif name is OpName.recv:
-        t = args.tensor
-        parts += ["in_count=0", f"out_count={t.numel()}", f"dtype={_dtype(t)}", f"peer={args.peer}"]
-    elif name in _SINGLE:
-        parts += [
-            f"in_count={args.input.numel()}",
-            f"out_count={args.output.numel()}",
-            f"dtype={_dtype(args.input)}",
-        ]
-        if buffers:
-            parts += [f"in={_addr(args.input)}", f"out={_addr(args.output)}"]
-    elif name is OpName.all_to_all_v_single:
-        parts += [
-            f"in_splits={','.join(map(str, args.input_split_sizes))}",
-            f"out_splits={','.join(map(str, args.output_split_sizes))}",
-            f"dtype={_dtype(args.input)}",
-        ]
-    elif name in _LIST_OUT:
-        parts += [
-            f"in_count={args.input.numel()}",
-            f"out_counts={_counts(args.output)}",
-            f"dtype={_dtype(args.input)}",
-        ]
-        if buffers:
-            parts += [f"in={_addr(args.input)}", f"out={','.join(_addr(t) for t in args.output)}"]
-    elif name in _LIST_IN:
-        parts += [
-            f"in_counts={_counts(args.input)}",
-            f"out_count={args.output.numel()}",
-            f"dtype={_dtype(args.output)}",
-        ]
-        if buffers:
-            parts += [f"in={','.join(_addr(t) for t in args.input)}", f"out={_addr(args.output)}"]
-    elif name is OpName.all_to_all:
-        first = args.input[0] if args.input else None
-        parts += [
-            f"in_counts={_counts(args.input)}",
-            f"out_counts={_counts(args.output)}",
-            f"dtype={_dtype(first)}",
-        ]
-    elif name is OpName.batch_op_issue:
+    entry = optable.BY_NAME.get(name)
+    if name is OpName.batch_op_issue:
         parts.append(f"num_ops={args.num_ops}")
-    if name in _REDUCING:
+    elif entry is not None and (entry.inputs or entry.outputs):
+        inputs, outputs = opinfo.SIDES[name]
+        if entry.p2p:  # a send reads its tensor, a receive writes it
+            inputs, outputs = (inputs, None) if entry.inputs else (None, outputs)
+        key, _ = opinfo.key_tensor(name, args)
+        if optable.INTS in entry.kinds:  # split sizes instead of counts, no buffers
+            parts += [
+                f"in_splits={','.join(map(str, args.input_split_sizes))}",
+                f"out_splits={','.join(map(str, args.output_split_sizes))}",
+                f"dtype={_dtype(key)}",
+            ]
+        else:
+            in_text, ins = _side(args, inputs, "in")
+            out_text, outs = _side(args, outputs, "out")
+            dtype = key if key is not None else (ins if ins is not None else outs)
+            parts += [in_text, out_text, f"dtype={_dtype(dtype)}"]
+            if entry.p2p:
+                parts.append(f"peer={args.peer}")
+            elif buffers and ins is outs:
+                parts.append(f"buf={_addr(ins)}")
+            elif buffers and (isinstance(ins, torch.Tensor) or isinstance(outs, torch.Tensor)):
+                parts += [f"in={_addrs(ins)}", f"out={_addrs(outs)}"]
+    if entry is not None and entry.reducing:
         op = opinfo.reduce_op(call_args)
         parts.append(f"red_op={_RED_OP_NAMES.get(op.type, 'unknown') if op else 'unknown'}")
-    if name in _ROOTED:
+    if entry is not None and entry.rooted:
         parts.append(f"root={args.root}")
     parts.append(f"async_op={'t' if getattr(args, 'async_op', False) else 'f'}")
     return "|".join(parts)

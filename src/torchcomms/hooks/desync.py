@@ -22,7 +22,6 @@ raises there (so the op is not run).
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import torch
 
@@ -30,7 +29,8 @@ from torchcomms import config, opinfo
 from torchcomms.comm import TorchComm, add_default_observer
 from torchcomms.errors import BackendNotImplementedError, CollectiveMismatchError
 from torchcomms.oprecord import OpRecord
-from torchcomms.types import OpName, OpOptions, RedOpType
+from torchcomms.optable import OpName
+from torchcomms.types import OpOptions, RedOpType
 
 _MAGIC = 0x7C0FF1CE
 _LEN = 12
@@ -52,30 +52,7 @@ _DTYPES = [
     torch.complex128,
 ]
 _REDOPS = list(RedOpType)
-_SKIPPED = frozenset({OpName.send, OpName.recv, OpName.batch_op_issue})
-
-
-def _key_tensor(name: OpName, a: Any) -> tuple[torch.Tensor | None, bool]:
-    """The tensor whose shape must agree on every rank (shape_matters), or one for its dtype."""
-    if name in (OpName.broadcast, OpName.all_reduce, OpName.reduce):
-        return a.tensor, True
-    if name in (
-        OpName.all_gather,
-        OpName.all_gather_single,
-        OpName.all_to_all_single,
-        OpName.gather,
-        OpName.gather_single,
-    ):
-        return a.input, True
-    if name in (OpName.reduce_scatter, OpName.reduce_scatter_single, OpName.scatter):
-        return a.output, True
-    if name in (OpName.all_gather_v, OpName.all_to_all_v_single):
-        return a.input, False
-    if name is OpName.reduce_scatter_v:
-        return a.output, False
-    if name is OpName.all_to_all:
-        return (a.input[0] if a.input else None), False
-    return None, False
+_SKIPPED = opinfo.P2P_OPS
 
 
 def fingerprint(record: OpRecord, seq: int) -> list[int]:
@@ -84,7 +61,7 @@ def fingerprint(record: OpRecord, seq: int) -> list[int]:
     fp[0] = _MAGIC
     fp[1] = seq
     fp[2] = _OPS.index(name)
-    tensor, shape_matters = _key_tensor(name, record.args)
+    tensor, shape_matters = opinfo.key_tensor(name, record.args)
     if tensor is not None:
         fp[3] = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else 99
         if shape_matters:

@@ -28,7 +28,7 @@ from typing import IO, Any
 from torchcomms import config, opinfo
 from torchcomms.comm import TorchComm, add_default_observer
 from torchcomms.oprecord import OpRecord
-from torchcomms.types import OpName
+from torchcomms.optable import OpName
 
 _P2P = frozenset({OpName.send, OpName.recv, OpName.batch_op_issue})
 

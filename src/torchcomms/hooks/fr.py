@@ -69,7 +69,7 @@ from torchcomms.hooks._fr_dump import (
     write_dump_file,
 )
 from torchcomms.oprecord import OpRecord, SyncRecord
-from torchcomms.types import OpName
+from torchcomms.optable import OpName
 
 logger = logging.getLogger("torchcomms.hooks.fr")
 
@@ -139,10 +139,7 @@ _NO_FRAMES: list[Any] = []
 _P2P_VALUES = frozenset(n._value_ for n in opinfo.P2P_OPS)
 _SHAPES_BY_VALUE = {n._value_: fn for n, fn in opinfo.SHAPES.items()}
 _current_thread = threading.current_thread
-_ONE_TENSOR = frozenset(
-    n._value_
-    for n in (OpName.all_reduce, OpName.broadcast, OpName.reduce, OpName.send, OpName.recv)
-)
+_ONE_TENSOR = frozenset(n._value_ for n in opinfo.ONE_TENSOR_OPS)
 
 
 # -- the ring buffer (the observer attached to communicators) -------------------------------------

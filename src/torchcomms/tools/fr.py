@@ -32,14 +32,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# Ops whose sizes legitimately differ between ranks (per-rank splits, root-only buffers).
+from torchcomms import optable
+
+# Ops whose sizes legitimately differ between ranks (per-rank splits, root-only buffers):
+# the op table's, plus the records that are not ops of the table.
 _RANK_DEPENDENT_SIZES = {
-    "all_gather_v",
-    "reduce_scatter_v",
-    "all_to_all",
-    "all_to_all_v_single",
-    "scatter",
-    "gather",
+    *(e.method for e in optable.OPS if e.rank_dependent_sizes),
     "split",
     "coalesced",
 }

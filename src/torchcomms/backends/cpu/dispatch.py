@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from torchcomms import optable
+from torchcomms.backends.contract import fill_ops
 from torchcomms.backends.cpu import allgather_p
 from torchcomms.backends.cpu.ops import Completion, CpuOps
 from torchcomms.deadline import Deadline
@@ -46,6 +48,20 @@ def _tag_hint(hints: dict[str, str]) -> int | None:
     return tag
 
 
+def _cold_op(entry: optable.Op) -> Callable[..., TorchWork]:
+    """An op without a fast path: its ``CpuOps`` method of the same name, run by ``_run``."""
+    method = entry.method
+
+    def dispatch(self: CpuDispatch, *args: Any) -> TorchWork:
+        *op_args, async_op, options = args
+        body = getattr(self._transport(), method)
+        return self._run(options, async_op, body, tuple(op_args))
+
+    dispatch.__name__ = method
+    return dispatch
+
+
+@fill_ops(_cold_op)
 class CpuDispatch(abc.ABC):
     """The op methods of ``TorchCommGloo`` (see the module docstring)."""
 
@@ -151,7 +167,7 @@ class CpuDispatch(abc.ABC):
         work = AsyncWork(self._prefix(opts).rstrip(": "), timeout.total_seconds())
         return executor.submit(guarded, work)
 
-    # -- collectives: one dispatch each --------------------------------------------------------
+    # -- the hot collectives (the others: ``_cold_op``) -----------------------------------------
     def all_reduce(
         self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, options: OpOptions
     ) -> TorchWork:
@@ -178,131 +194,6 @@ class CpuDispatch(abc.ABC):
             return self._run(options, True, ops.broadcast, (tensor, root))
         free = not tensor.requires_grad
         return self._run_sync(options, ops.broadcast, (tensor, root), (), free)
-
-    def all_gather(
-        self,
-        tensor_list: list[torch.Tensor],
-        tensor: torch.Tensor,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, ops.all_gather, (tensor_list, tensor))
-
-    def all_gather_single(
-        self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, ops.all_gather_single, (output, input))
-
-    def all_gather_v(
-        self,
-        tensor_list: list[torch.Tensor],
-        tensor: torch.Tensor,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, ops.all_gather_v, (tensor_list, tensor))
-
-    def gather(
-        self,
-        output_tensor_list: list[torch.Tensor],
-        input_tensor: torch.Tensor,
-        root: int,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, ops.gather, (output_tensor_list, input_tensor, root))
-
-    def gather_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        root: int,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, ops.gather_single, (output, input, root))
-
-    def scatter(
-        self,
-        output_tensor: torch.Tensor,
-        input_tensor_list: list[torch.Tensor],
-        root: int,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, ops.scatter, (output_tensor, input_tensor_list, root))
-
-    def reduce_scatter(
-        self,
-        output: torch.Tensor,
-        input_list: list[torch.Tensor],
-        op: ReduceOp,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, ops.reduce_scatter, (output, input_list, op))
-
-    def reduce_scatter_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        op: ReduceOp,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, ops.reduce_scatter_single, (output, input, op))
-
-    def reduce_scatter_v(
-        self,
-        output: torch.Tensor,
-        input_list: list[torch.Tensor],
-        op: ReduceOp,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, ops.reduce_scatter_v, (output, input_list, op))
-
-    def all_to_all_single(
-        self, output: torch.Tensor, input: torch.Tensor, async_op: bool, options: OpOptions
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, ops.all_to_all_single, (output, input))
-
-    def all_to_all_v_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_split_sizes: list[int],
-        input_split_sizes: list[int],
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(
-            options,
-            async_op,
-            ops.all_to_all_v_single,
-            (output, input, output_split_sizes, input_split_sizes),
-        )
-
-    def all_to_all(
-        self,
-        output_tensor_list: list[torch.Tensor],
-        input_tensor_list: list[torch.Tensor],
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        ops = self._transport()
-        return self._run(options, async_op, ops.all_to_all, (output_tensor_list, input_tensor_list))
 
     def barrier(self, async_op: bool, options: OpOptions) -> TorchWork:
         ops = self._ops or self._transport()

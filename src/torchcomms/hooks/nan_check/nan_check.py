@@ -15,7 +15,7 @@ import torch
 
 from torchcomms import opinfo
 from torchcomms.comm import RemovableHandle, TorchComm
-from torchcomms.types import OpName
+from torchcomms.optable import OpName
 
 _INPLACE = frozenset({OpName.broadcast, OpName.all_reduce, OpName.reduce})
 
