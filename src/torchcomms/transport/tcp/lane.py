@@ -37,6 +37,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 #: How long one ``poll`` may block before the caller's checks run.
 SLICE_MS = 50
@@ -327,16 +328,22 @@ class Lane:
                     sock.close()
 
 
+def _sent_now(send: Callable[[Any], int], data: Any) -> int | None:
+    """What ``send`` (a non-blocking socket's ``send`` or ``sendmsg``) took of ``data`` now:
+    0 when the socket is full, None when the connection is broken."""
+    try:
+        return send(data)
+    except (BlockingIOError, InterruptedError):
+        return 0
+    except OSError:
+        return None
+
+
 def _send(sock: socket.socket, parts: list[bytes | memoryview], total: int) -> bytes | None:
     """Send without blocking; what did not fit, or None."""
-    try:
-        sent = sock.sendmsg(parts)
-    except (BlockingIOError, InterruptedError):
-        sent = 0
-    except OSError:
-        return None  # the peer is gone; its end of the exchange will say so
-    if sent == total:
-        return None
+    sent = _sent_now(sock.sendmsg, parts)
+    if sent is None or sent == total:
+        return None  # None: the peer is gone; its end of the exchange will say so
     return b"".join(bytes(p) for p in parts)[sent:]
 
 
@@ -346,11 +353,8 @@ def send_some(
     """Send what a non-blocking socket takes now: the parts left (``parts`` itself if
     nothing went), or None when the connection is broken.  For ``transport.tcp.ring`` and
     ``transport.tcp.p2p``, whose sends are large and progress between reads."""
-    try:
-        sent = sock.sendmsg(parts)
-    except (BlockingIOError, InterruptedError):
-        return parts
-    except OSError:
+    sent = _sent_now(sock.sendmsg, parts)
+    if sent is None:
         return None
     if sent == 0:
         return parts
@@ -366,13 +370,8 @@ def send_some(
 
 
 def _send_rest(sock: socket.socket, rest: bytes) -> bytes | None:
-    try:
-        sent = sock.send(rest)
-    except (BlockingIOError, InterruptedError):
-        return rest
-    except OSError:
-        return None
-    return rest[sent:] or None
+    sent = _sent_now(sock.send, rest)
+    return None if sent is None else rest[sent:] or None
 
 
 # -- connecting ------------------------------------------------------------------------------
