@@ -18,38 +18,28 @@ from collections.abc import Sequence
 
 import torch
 
+from torchcomms import optable
 from torchcomms.ranks import ranks_text
 from torchcomms.types import RedOpType, ReduceOp
 
-OP_NAMES = (
-    "",
-    "all_reduce",
-    "reduce",
-    "broadcast",
-    "all_gather",
-    "all_gather_v",
-    "gather",
-    "scatter",
-    "reduce_scatter",
-    "reduce_scatter_v",
-    "all_to_all",
-    "all_to_all_v",
-    "barrier",
-)
-(
-    ALL_REDUCE,
-    REDUCE,
-    BROADCAST,
-    ALL_GATHER,
-    ALL_GATHER_V,
-    GATHER,
-    SCATTER,
-    REDUCE_SCATTER,
-    REDUCE_SCATTER_V,
-    ALL_TO_ALL,
-    ALL_TO_ALL_V,
-    BARRIER,
-) = range(1, len(OP_NAMES))
+#: The op families a fingerprint names, from the op table: an op and its ``_single`` form
+#: share one (one algorithm, one agreement); point-to-point has none.  A family's code is its
+#: position, equal on every process of one version.
+OP_NAMES = ("", *dict.fromkeys(e.method.removesuffix("_single") for e in optable.OPS if not e.p2p))
+_FAMILY_CODES = {name: code for code, name in enumerate(OP_NAMES) if name}
+
+
+def family(name: str) -> int:
+    """The code of an op family (``"all_reduce"``; ``all_to_all_v`` for ``all_to_all_v_single``)."""
+    return _FAMILY_CODES[name]
+
+
+# The families the CPU transports' algorithms fingerprint.
+ALL_REDUCE, REDUCE, BROADCAST = family("all_reduce"), family("reduce"), family("broadcast")
+ALL_GATHER, ALL_GATHER_V, GATHER = family("all_gather"), family("all_gather_v"), family("gather")
+SCATTER, BARRIER = family("scatter"), family("barrier")
+REDUCE_SCATTER, REDUCE_SCATTER_V = family("reduce_scatter"), family("reduce_scatter_v")
+ALL_TO_ALL, ALL_TO_ALL_V = family("all_to_all"), family("all_to_all_v")
 
 # Stable codes (never reorder: the code is what processes compare).
 _DTYPE_LIST = (

@@ -324,26 +324,11 @@ def pre_hook_class(entry: optable.Op) -> type:
     return found
 
 
-#: The post-hook argument class of each collective and point-to-point op.
+#: The post-hook argument class of each collective and point-to-point op (upstream's:
+#: ``AllReducePostHookArgs`` for ``all_reduce``).
 POST_HOOK_ARGS_BY_OP: dict[OpName, type[CollectivePostHookArgs]] = {
-    OpName.send: SendPostHookArgs,
-    OpName.recv: RecvPostHookArgs,
-    OpName.broadcast: BroadcastPostHookArgs,
-    OpName.all_reduce: AllReducePostHookArgs,
-    OpName.reduce: ReducePostHookArgs,
-    OpName.all_gather: AllGatherPostHookArgs,
-    OpName.all_gather_v: AllGatherVPostHookArgs,
-    OpName.all_gather_single: AllGatherSinglePostHookArgs,
-    OpName.reduce_scatter: ReduceScatterPostHookArgs,
-    OpName.reduce_scatter_v: ReduceScatterVPostHookArgs,
-    OpName.reduce_scatter_single: ReduceScatterSinglePostHookArgs,
-    OpName.all_to_all_single: AllToAllSinglePostHookArgs,
-    OpName.all_to_all_v_single: AllToAllVSinglePostHookArgs,
-    OpName.all_to_all: AllToAllPostHookArgs,
-    OpName.barrier: BarrierPostHookArgs,
-    OpName.scatter: ScatterPostHookArgs,
-    OpName.gather: GatherPostHookArgs,
-    OpName.gather_single: GatherSinglePostHookArgs,
+    e.name: globals().get(e.hook_class_name.replace("Pre", "Post"), CollectivePostHookArgs)
+    for e in optable.OPS
 }
 
 #: Upstream's stub aliases: what a pre-hook / post-hook may receive.

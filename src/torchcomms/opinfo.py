@@ -186,6 +186,10 @@ def root_or_peer(args: Any) -> int | None:
 
 
 P2P_OPS = frozenset(n for n, e in optable.BY_NAME.items() if e.p2p)
+#: Collectives that read and write one tensor in place (broadcast, all_reduce, reduce).
+IN_PLACE_OPS = frozenset(
+    n for n, (i, o) in SIDES.items() if i is not None and i == o and n not in P2P_OPS
+)
 #: Ops whose pre-hook arguments hold their one tensor as ``tensor`` (in place, send, recv).
 ONE_TENSOR_OPS = frozenset(
     n for n, (i, o) in SIDES.items() if i is not None and i == o and i[0] == "tensor"

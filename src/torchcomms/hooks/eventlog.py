@@ -30,7 +30,7 @@ from torchcomms.comm import TorchComm, add_default_observer
 from torchcomms.oprecord import OpRecord
 from torchcomms.optable import OpName
 
-_P2P = frozenset({OpName.send, OpName.recv, OpName.batch_op_issue})
+_P2P = opinfo.P2P_OPS
 
 
 def _nbytes(name: OpName, args: Any) -> int:

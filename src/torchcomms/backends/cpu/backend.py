@@ -32,7 +32,6 @@ import torch
 import torch._C._distributed_c10d as c10d
 
 from torchcomms import config
-from torchcomms.backends.contract import CommBackend
 from torchcomms.backends.cpu import bootstrap, select
 from torchcomms.backends.cpu import connect as cpu_connect
 from torchcomms.backends.cpu import errors as cpu_errors
@@ -85,7 +84,7 @@ def _release_live_comms() -> None:
         comm._release(join_timeout_s=1.0)
 
 
-class TorchCommGloo(CpuDispatch, CommBackend):
+class TorchCommGloo(CpuDispatch):
     """CPU communicator; see the module docstring for which thread runs what."""
 
     def __init__(self) -> None:
@@ -93,10 +92,8 @@ class TorchCommGloo(CpuDispatch, CommBackend):
         self._name = ""
         self._rank = -1
         self._size = -1
-        self._ops: CpuOps | None = None
         self._store: CommStore | None = None
         self._peers: list[tuple[str, int]] = []  # (host, pid) per rank: ``cpu.hier.members``
-        self._executor: OpExecutor | None = None
         self._split_counts: dict[tuple[str, tuple[int, ...]], int] = defaultdict(int)
         self._split_calls = 0  # every split of this comm, this rank in a group or not
         self._timeout = timedelta(seconds=600)

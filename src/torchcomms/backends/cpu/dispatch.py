@@ -1,10 +1,12 @@
 """``CpuDispatch``: every op of the CPU backend as one dispatch to its transport.
 
-Each method picks the connected transport's ``CpuOps`` (``_transport``) and hands the op,
-as a body taking its deadline, to the execution plumbing here (``_run``: issue order,
-sync inline on the caller's thread or async on the comm's executor thread).  Naming and
-typing errors (``_prefix``, ``_translate``) and the state they read are ``TorchCommGloo``'s;
-this class holds nothing of its own.
+Each op picks the connected transport's ``CpuOps`` (``_transport``) and hands the op, as a
+body taking its deadline, to the execution plumbing here (``_run``: issue order, sync inline
+on the caller's thread or async on the comm's executor thread).  The hot ops (all_reduce,
+reduce, broadcast, barrier, send, recv) are written out for their sync fast path; every
+other op of the table is the same dispatch to the ``CpuOps`` method of its name
+(``_cold_op``).  ``TorchCommGloo`` subclasses it: it connects the transport and names and
+types errors (``_prefix``, ``_translate``).
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ from typing import Any
 import torch
 
 from torchcomms import optable
-from torchcomms.backends.contract import fill_ops
+from torchcomms.backends.contract import CommBackend, fill_ops
 from torchcomms.backends.cpu import allgather_p
 from torchcomms.backends.cpu.ops import Completion, CpuOps
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommStateError, CommValidationError
 from torchcomms.executor import OpExecutor
-from torchcomms.state import CommState, CommStatus
+from torchcomms.state import CommState
 from torchcomms.types import OpOptions, P2POp, P2POpType, ReduceOp
 from torchcomms.work import AsyncWork, CompletedWork, TorchWork
 
@@ -62,8 +64,17 @@ def _cold_op(entry: optable.Op) -> Callable[..., TorchWork]:
 
 
 @fill_ops(_cold_op)
-class CpuDispatch(abc.ABC):
-    """The op methods of ``TorchCommGloo`` (see the module docstring)."""
+class CpuDispatch(CommBackend):
+    """A ``CommBackend`` whose ops run on a ``CpuOps`` transport (see the module docstring).
+
+    It owns the connected transport (``_ops``) and the executor that keeps issue order
+    (``_executor``), both ``None`` until its subclass connects; the subclass names errors
+    (``_prefix``, ``_translate``) and says which transport serves an op (``_transport``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._ops: CpuOps | None = None
+        self._executor: OpExecutor | None = None
 
     @abc.abstractmethod
     def _transport(self) -> CpuOps: ...
@@ -75,14 +86,6 @@ class CpuDispatch(abc.ABC):
     def _translate(
         self, exc: BaseException, opts: OpOptions, peers: Sequence[int]
     ) -> BaseException: ...
-
-    # The connected transport's ops, the executor that keeps issue order (None until
-    # connected), the comm's state and its check (``CommBackend.check_usable``):
-    # TorchCommGloo's.  Annotations only: nothing here shadows them.
-    check_usable: Callable[[str], None]
-    _ops: CpuOps | None
-    _executor: OpExecutor | None
-    _status: CommStatus
 
     def _run_sync(
         self,

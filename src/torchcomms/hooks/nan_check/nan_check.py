@@ -17,7 +17,7 @@ from torchcomms import opinfo
 from torchcomms.comm import RemovableHandle, TorchComm
 from torchcomms.optable import OpName
 
-_INPLACE = frozenset({OpName.broadcast, OpName.all_reduce, OpName.reduce})
+_INPLACE = opinfo.IN_PLACE_OPS
 
 
 def _check_for_nan(tensor: torch.Tensor) -> None:
