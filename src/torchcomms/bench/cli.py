@@ -96,6 +96,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: The ``runner.Settings`` fields that are the option of the same name, as parsed.
+_AS_GIVEN = (
+    "iters",
+    "warmup",
+    "check",
+    "dtype",
+    "redop",
+    "root",
+    "backend",
+    "fr_overhead",
+    "blocks",
+    "quick",
+    "json_path",
+    "plot_path",
+)
+
+
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, runner.Settings]:
     """Parse and validate; errors exit with status 2 (argparse's convention)."""
     parser = build_parser()
@@ -133,20 +150,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, runner.Settings]:
     settings = runner.Settings(
         ops=specs,
         sizes=sizes,
-        iters=args.iters,
-        warmup=args.warmup,
-        check=args.check,
-        dtype=args.dtype,
-        redop=args.redop,
-        root=args.root,
-        backend=args.backend,
         vs_gloo=args.vs == "gloo",
-        fr_overhead=args.fr_overhead,
-        blocks=args.blocks,
         timeout_s=args.timeout,
-        quick=args.quick,
-        json_path=args.json_path,
-        plot_path=args.plot_path,
+        **{name: getattr(args, name) for name in _AS_GIVEN},
     )
     return args, settings
 

@@ -150,6 +150,23 @@ def _bump(t: torch.Tensor) -> Callable[[], None]:
     return corrupt
 
 
+def _compared(
+    ours: Callable[[TorchComm], None],
+    gloo: Callable[[Any], None],
+    reset: Callable[[], None],
+    out: torch.Tensor,
+    expected: torch.Tensor,
+) -> Case:
+    """A case checked by comparing ``out`` with ``expected`` (its test switch damages ``out``)."""
+    return Case(
+        ours=ours,
+        gloo=gloo,
+        reset=reset,
+        wrong=lambda: _mismatches(out, expected),
+        corrupt=_bump(out),
+    )
+
+
 def _ours_op(p: CaseParams) -> ReduceOp:
     return REDOPS[p.redop][0]
 
@@ -159,8 +176,14 @@ def _gloo_op(p: CaseParams) -> Any:
 
 
 # -- builders ------------------------------------------------------------------------------------
-def _in_place_reduction(p: CaseParams, rooted: bool) -> tuple[torch.Tensor, torch.Tensor, Case]:
-    """Shared by all_reduce and reduce: the API is in place; out-of-place copies in first."""
+def _in_place_reduction(
+    p: CaseParams,
+    rooted: bool,
+    ours_on: Callable[[TorchComm, torch.Tensor], None],
+    gloo_on: Callable[[Any, torch.Tensor], None],
+) -> Case:
+    """Shared by all_reduce and reduce: the API is in place; out-of-place copies in first,
+    then runs the op on the buffer (``ours_on(comm, buf)``, ``gloo_on(pg, buf)``)."""
     src = _pattern(p.rank, _modulus(p.redop), p.count, p.dtype)
     expected = _reduced(p, p.count)
     buf = torch.empty_like(src)
@@ -175,8 +198,17 @@ def _in_place_reduction(p: CaseParams, rooted: bool) -> tuple[torch.Tensor, torc
     def wrong() -> int:
         return _mismatches(buf, expected) if checks else 0
 
-    case = Case(ours=_noop_comm, gloo=_noop_comm, reset=reset, wrong=wrong, corrupt=_bump(buf))
-    return src, buf, case
+    def ours(comm: TorchComm) -> None:
+        if not p.in_place:
+            buf.copy_(src)
+        ours_on(comm, buf)
+
+    def gloo(pg: Any) -> None:
+        if not p.in_place:
+            buf.copy_(src)
+        gloo_on(pg, buf)
+
+    return Case(ours=ours, gloo=gloo, reset=reset, wrong=wrong, corrupt=_bump(buf))
 
 
 def _noop_comm(_: Any) -> None:
@@ -184,44 +216,32 @@ def _noop_comm(_: Any) -> None:
 
 
 def _build_all_reduce(p: CaseParams) -> Case:
-    src, buf, case = _in_place_reduction(p, rooted=False)
     op, gop = _ours_op(p), _gloo_op(p)
 
-    def ours(comm: TorchComm) -> None:
-        if not p.in_place:
-            buf.copy_(src)
+    def ours(comm: TorchComm, buf: torch.Tensor) -> None:
         comm.all_reduce(buf, op, False)
 
-    def gloo(pg: Any) -> None:
-        if not p.in_place:
-            buf.copy_(src)
+    def gloo(pg: Any, buf: torch.Tensor) -> None:
         o = c10d.AllreduceOptions()
         o.reduceOp = gop
         pg.allreduce([buf], o).wait()
 
-    case.ours, case.gloo = ours, gloo
-    return case
+    return _in_place_reduction(p, False, ours, gloo)
 
 
 def _build_reduce(p: CaseParams) -> Case:
-    src, buf, case = _in_place_reduction(p, rooted=True)
     op, gop = _ours_op(p), _gloo_op(p)
 
-    def ours(comm: TorchComm) -> None:
-        if not p.in_place:
-            buf.copy_(src)
+    def ours(comm: TorchComm, buf: torch.Tensor) -> None:
         comm.reduce(buf, p.root, op, False)
 
-    def gloo(pg: Any) -> None:
-        if not p.in_place:
-            buf.copy_(src)
+    def gloo(pg: Any, buf: torch.Tensor) -> None:
         o = c10d.ReduceOptions()
         o.reduceOp = gop
         o.rootRank = p.root
         pg.reduce([buf], o).wait()
 
-    case.ours, case.gloo = ours, gloo
-    return case
+    return _in_place_reduction(p, True, ours, gloo)
 
 
 def _build_broadcast(p: CaseParams) -> Case:
@@ -248,13 +268,7 @@ def _build_broadcast(p: CaseParams) -> Case:
         o.rootRank = p.root
         pg.broadcast([buf], o).wait()
 
-    return Case(
-        ours=ours,
-        gloo=gloo,
-        reset=reset,
-        wrong=lambda: _mismatches(buf, expected),
-        corrupt=_bump(buf),
-    )
+    return _compared(ours, gloo, reset, buf, expected)
 
 
 def _build_all_gather(p: CaseParams) -> Case:
@@ -274,13 +288,7 @@ def _build_all_gather(p: CaseParams) -> Case:
     def gloo(pg: Any) -> None:
         pg._allgather_base(out, inp, c10d.AllgatherOptions()).wait()
 
-    return Case(
-        ours=ours,
-        gloo=gloo,
-        reset=reset,
-        wrong=lambda: _mismatches(out, expected),
-        corrupt=_bump(out),
-    )
+    return _compared(ours, gloo, reset, out, expected)
 
 
 def _build_reduce_scatter(p: CaseParams) -> Case:
@@ -305,13 +313,7 @@ def _build_reduce_scatter(p: CaseParams) -> Case:
         o.reduceOp = gop
         pg._reduce_scatter_base(out, inp, o).wait()
 
-    return Case(
-        ours=ours,
-        gloo=gloo,
-        reset=reset,
-        wrong=lambda: _mismatches(out, expected),
-        corrupt=_bump(out),
-    )
+    return _compared(ours, gloo, reset, out, expected)
 
 
 def _build_all_to_all(p: CaseParams) -> Case:
@@ -333,13 +335,7 @@ def _build_all_to_all(p: CaseParams) -> Case:
     def gloo(pg: Any) -> None:
         pg.alltoall_base(out, inp, [], [], c10d.AllToAllOptions()).wait()
 
-    return Case(
-        ours=ours,
-        gloo=gloo,
-        reset=reset,
-        wrong=lambda: _mismatches(out, expected),
-        corrupt=_bump(out),
-    )
+    return _compared(ours, gloo, reset, out, expected)
 
 
 def _build_sendrecv(p: CaseParams) -> Case:
@@ -372,13 +368,7 @@ def _build_sendrecv(p: CaseParams) -> Case:
             pg.recv([got], 0, _P2P_TAG).wait()
             pg.send([got], 0, _P2P_TAG).wait()
 
-    return Case(
-        ours=ours,
-        gloo=gloo,
-        reset=reset,
-        wrong=lambda: _mismatches(got, payload),
-        corrupt=_bump(got),
-    )
+    return _compared(ours, gloo, reset, got, payload)
 
 
 def _build_barrier(p: CaseParams) -> Case:
@@ -395,88 +385,98 @@ def _per_rank(n: int) -> int:
     return n
 
 
+#: nccl-tests' busbw factor of each ``factor_text`` (``-``: no payload, so no busbw).
+_BUSBW_FACTORS: dict[str, Callable[[int], float]] = {
+    "2(n-1)/n": lambda n: 2 * (n - 1) / n,
+    "(n-1)/n": lambda n: (n - 1) / n,
+    "1": lambda n: 1.0,
+    "-": lambda n: 0.0,
+}
+
+
+def _traffic(text: str) -> Callable[[int], float] | None:
+    """The model ``k(N) = aN+b`` that a ``traffic_text`` spells (``5N+1``, ``2N``, ``4``), or
+    None for ``-`` (no payload)."""
+    if text == "-":
+        return None
+    slope, per_rank, rest = text.partition("N")
+    a, b = (int(slope or 1), int(rest or 0)) if per_rank else (0, int(slope))
+    return lambda n: a * n + b
+
+
+def _spec(
+    name: str,
+    factor_text: str,
+    traffic_text: str,
+    build: Callable[[CaseParams], Case],
+    **options: Any,
+) -> OpSpec:
+    """A table row, its formulas written once: as the header prints them."""
+    return OpSpec(
+        name=name,
+        factor_text=factor_text,
+        busbw_factor=_BUSBW_FACTORS[factor_text],
+        traffic_text=traffic_text,
+        traffic=_traffic(traffic_text),
+        build=build,
+        **options,
+    )
+
+
 _TABLE = (
-    OpSpec(
-        name="all_reduce",
-        factor_text="2(n-1)/n",
-        busbw_factor=lambda n: 2 * (n - 1) / n,
-        traffic_text="5N+1",
-        traffic=lambda n: 5 * n + 1,
-        build=_build_all_reduce,
-        reduces=True,
-    ),
-    OpSpec(
-        name="reduce",
-        factor_text="1",
-        busbw_factor=lambda n: 1.0,
-        traffic_text="3N+1",
-        traffic=lambda n: 3 * n + 1,
-        build=_build_reduce,
+    _spec("all_reduce", "2(n-1)/n", "5N+1", _build_all_reduce, reduces=True),
+    _spec(
+        "reduce",
+        "1",
+        "3N+1",
+        _build_reduce,
         reduces=True,
         rooted=True,
         checked_rank=lambda n, root: root,
     ),
-    OpSpec(
-        name="broadcast",
-        factor_text="1",
-        busbw_factor=lambda n: 1.0,
-        traffic_text="2N",
-        traffic=lambda n: 2 * n,
-        build=_build_broadcast,
-        rooted=True,
-    ),
-    OpSpec(
-        name="all_gather",
-        factor_text="(n-1)/n",
-        busbw_factor=lambda n: (n - 1) / n,
-        traffic_text="2N+2",
-        traffic=lambda n: 2 * n + 2,
-        build=_build_all_gather,
+    _spec("broadcast", "1", "2N", _build_broadcast, rooted=True),
+    _spec(
+        "all_gather",
+        "(n-1)/n",
+        "2N+2",
+        _build_all_gather,
         granularity=_per_rank,
         aliases=("all_gather_single",),
     ),
-    OpSpec(
-        name="reduce_scatter",
-        factor_text="(n-1)/n",
-        busbw_factor=lambda n: (n - 1) / n,
-        traffic_text="3N+1",
-        traffic=lambda n: 3 * n + 1,
-        build=_build_reduce_scatter,
+    _spec(
+        "reduce_scatter",
+        "(n-1)/n",
+        "3N+1",
+        _build_reduce_scatter,
         granularity=_per_rank,
         reduces=True,
         aliases=("reduce_scatter_single",),
     ),
-    OpSpec(
-        name="all_to_all",
-        factor_text="(n-1)/n",
-        busbw_factor=lambda n: (n - 1) / n,
-        traffic_text="4N",
-        traffic=lambda n: 4 * n,
-        build=_build_all_to_all,
+    _spec(
+        "all_to_all",
+        "(n-1)/n",
+        "4N",
+        _build_all_to_all,
         granularity=_per_rank,
         placements=(False,),  # gloo's alltoall gives wrong results when output is input
         aliases=("all_to_all_single", "alltoall"),
     ),
-    OpSpec(
-        name="sendrecv",
-        factor_text="1",
-        busbw_factor=lambda n: 1.0,
-        traffic_text="4",
-        traffic=lambda n: 4.0,
-        build=_build_sendrecv,
+    _spec(
+        "sendrecv",
+        "1",
+        "4",
+        _build_sendrecv,
         placements=(False,),
         min_ranks=2,
         time_divisor=2,
         checked_rank=lambda n, root: 1,
         aliases=("send_recv", "send/recv", "p2p"),
     ),
-    OpSpec(
-        name="barrier",
-        factor_text="-",
-        busbw_factor=lambda n: 0.0,
-        traffic_text="-",
-        traffic=None,
-        build=_build_barrier,
+    _spec(
+        "barrier",
+        "-",
+        "-",
+        _build_barrier,
         placements=(False,),
         sized=False,
         checked_rank=lambda n, root: None,
@@ -494,26 +494,22 @@ def _build_get(p: CaseParams) -> Case:
 
 #: One-sided window ops: run only when named (``--op put,get``), not by default.
 _WINDOW_TABLE = (
-    OpSpec(
-        name="put",
-        factor_text="1",
-        busbw_factor=lambda n: 1.0,
-        traffic_text="2",
-        traffic=lambda n: 2.0,
-        build=_build_put,
+    _spec(
+        "put",
+        "1",
+        "2",
+        _build_put,
         placements=(False,),
         min_ranks=2,
         time_divisor=2,
         checked_rank=lambda n, root: 0,
         aliases=("window_put",),
     ),
-    OpSpec(
-        name="get",
-        factor_text="1",
-        busbw_factor=lambda n: 1.0,
-        traffic_text="2",
-        traffic=lambda n: 2.0,
-        build=_build_get,
+    _spec(
+        "get",
+        "1",
+        "2",
+        _build_get,
         placements=(False,),
         min_ranks=2,
         checked_rank=lambda n, root: 0,

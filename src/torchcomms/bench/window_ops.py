@@ -52,6 +52,20 @@ def _windows(initial: torch.Tensor) -> Callable[[Any], Any]:
     return window
 
 
+def _sitting_out(
+    window: Callable[[Any], Any],
+) -> tuple[Callable[[Any], None], Callable[[Any], None]]:
+    """``ours`` and ``gloo`` of a rank that sits the op out: it only creates the window."""
+
+    def ours(comm: Any) -> None:
+        window(comm)
+
+    def gloo(pg: Any) -> None:
+        return None
+
+    return ours, gloo
+
+
 def build_put(rank: int, count: int, dtype: torch.dtype) -> Parts:
     payload = _payload(count, dtype)
     window = _windows(torch.zeros(count, dtype=dtype))
@@ -61,6 +75,8 @@ def build_put(rank: int, count: int, dtype: torch.dtype) -> Parts:
     def own() -> torch.Tensor | None:
         return last[0].get_tensor() if last else None
 
+    ours: Callable[[Any], None]
+    gloo: Callable[[Any], None]
     if rank == 0:
 
         def ours(comm: Any) -> None:
@@ -88,12 +104,7 @@ def build_put(rank: int, count: int, dtype: torch.dtype) -> Parts:
             pg.send([got], 0, _TAG).wait()
 
     else:
-
-        def ours(comm: Any) -> None:
-            window(comm)
-
-        def gloo(pg: Any) -> None:
-            return None
+        ours, gloo = _sitting_out(window)
 
     def reset() -> None:
         mine = own()
@@ -122,6 +133,8 @@ def build_get(rank: int, count: int, dtype: torch.dtype) -> Parts:
     window = _windows(payload if rank == 1 else torch.zeros(count, dtype=dtype))
     got = torch.zeros_like(payload)
 
+    ours: Callable[[Any], None]
+    gloo: Callable[[Any], None]
     if rank == 0:
 
         def ours(comm: Any) -> None:
@@ -139,12 +152,7 @@ def build_get(rank: int, count: int, dtype: torch.dtype) -> Parts:
             pg.send([payload], 0, _TAG).wait()
 
     else:
-
-        def ours(comm: Any) -> None:
-            window(comm)
-
-        def gloo(pg: Any) -> None:
-            return None
+        ours, gloo = _sitting_out(window)
 
     def reset() -> None:
         got.zero_()
