@@ -1,12 +1,14 @@
-"""A/B two source trees on a real 2-rank world: all_reduce p50 over shm and tcp, alternating.
+"""A/B two source trees on a real 2-rank world: sync op p50 over shm and tcp, alternating.
 
     python benchmarks/diagnostics/ab_world.py A_SRC B_SRC [--blocks 6] [--iters 300]
-        [--json out.json]
+        [--ops all_reduce,broadcast,sendrecv,barrier,all_gather_single] [--json out.json]
 
 ``A_SRC``/``B_SRC`` are ``src`` folders of two checkouts (e.g. a ``git worktree`` of the
 commit before a change, and this one).  Per block, each tree in turn runs one fresh
 2-process job (``TORCHCOMM_RANK``/``SIZE``, a ``FileStore``) that times ``--iters`` sync
-all_reduces per (transport, size) and reports the median per-call time of rank 0.  The
+calls of each op (``--ops``, default all_reduce) per (transport, size) and reports the median
+per-call time of rank 0 (``sendrecv``: rank 0 sends and then receives, rank 1 the reverse,
+one round trip per call; ``barrier`` has no size).  The
 blocks alternate A, B, A, B, … so a shared machine's drift hits both; the result is the
 median over blocks per tree and B - A in microseconds and percent.
 """
@@ -23,8 +25,7 @@ import tempfile
 
 from _doc import write_doc
 
-SIZES = (8, 4096, 1 << 20)
-TRANSPORTS = ("shm", "tcp")
+OPS = ("all_reduce", "broadcast", "sendrecv", "barrier", "all_gather_single")
 
 _CHILD = r"""
 import json, os, sys, time
@@ -36,34 +37,55 @@ torch.set_num_threads(1)
 rank = int(os.environ["TORCHCOMM_RANK"])
 store = dist.FileStore(os.environ["AB_STORE"], 2)
 iters = int(os.environ["AB_ITERS"])
+SUM = torchcomms.ReduceOp.SUM
+
+def call(comm, name, t, out):
+    if name == "all_reduce":
+        comm.all_reduce(t, SUM, False)
+    elif name == "broadcast":
+        comm.broadcast(t, 0, False)
+    elif name == "barrier":
+        comm.barrier(False)
+    elif name == "all_gather_single":
+        comm.all_gather_single(out, t, False)
+    elif rank == 0:  # sendrecv: one round trip
+        comm.send(t, 1, False)
+        comm.recv(t, 1, False)
+    else:
+        comm.recv(t, 0, False)
+        comm.send(t, 0, False)
+
 out = {}
 for transport in ("shm", "tcp"):
     comm = torchcomms.new_comm("gloo", torch.device("cpu"), name="ab_" + transport,
         store=store, timeout=timedelta(seconds=120), hints={"transport": transport})
-    for nbytes in (8, 4096, 1 << 20):
-        t = torch.ones(nbytes // 4)
-        for _ in range(max(iters // 10, 5)):
-            comm.all_reduce(t, torchcomms.ReduceOp.SUM, False)
-        comm.barrier(False)
-        times = []
-        for _ in range(iters):
-            s = time.perf_counter()
-            comm.all_reduce(t, torchcomms.ReduceOp.SUM, False)
-            times.append(time.perf_counter() - s)
-        times.sort()
-        out[f"{transport}/{nbytes}"] = times[len(times) // 2] * 1e6
+    for name in os.environ["AB_OPS"].split(","):
+        for nbytes in ((0,) if name == "barrier" else (8, 4096, 1 << 20)):
+            t = torch.ones(max(nbytes // 4, 1))
+            gathered = torch.empty(2 * t.numel())
+            for _ in range(max(iters // 10, 5)):
+                call(comm, name, t, gathered)
+            comm.barrier(False)
+            times = []
+            for _ in range(iters):
+                s = time.perf_counter()
+                call(comm, name, t, gathered)
+                times.append(time.perf_counter() - s)
+            times.sort()
+            key = f"{transport}/{nbytes}" if name == "all_reduce" else f"{transport}/{name}/{nbytes}"
+            out[key] = times[len(times) // 2] * 1e6
     comm.finalize()
 if rank == 0:
     print("RESULT " + json.dumps(out), flush=True)
 """
 
 
-def _job(src: str, iters: int) -> dict[str, float]:
+def _job(src: str, iters: int, ops: str) -> dict[str, float]:
     path = tempfile.mktemp(prefix="ab_world_")
     procs = []
     for rank in range(2):
         env = dict(os.environ, PYTHONPATH=src, TORCHCOMM_RANK=str(rank), TORCHCOMM_SIZE="2")
-        env.update(AB_STORE=path, AB_ITERS=str(iters), OMP_NUM_THREADS="1")
+        env.update(AB_STORE=path, AB_ITERS=str(iters), AB_OPS=ops, OMP_NUM_THREADS="1")
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-c", _CHILD], env=env, stdout=subprocess.PIPE, text=True
@@ -91,16 +113,16 @@ def main() -> None:
     ap.add_argument("b_src")
     ap.add_argument("--blocks", type=int, default=6)
     ap.add_argument("--iters", type=int, default=300)
+    ap.add_argument("--ops", default="all_reduce", help="comma-separated: " + ",".join(OPS))
     ap.add_argument("--json")
     args = ap.parse_args()
     runs: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
     for _ in range(args.blocks):
         for tree, src in (("A", args.a_src), ("B", args.b_src)):
-            runs[tree].append(_job(os.path.abspath(src), args.iters))
+            runs[tree].append(_job(os.path.abspath(src), args.iters, args.ops))
     rows = {}
-    for transport in TRANSPORTS:
-        for nbytes in SIZES:
-            key = f"{transport}/{nbytes}"
+    for key in runs["A"][0]:
+        if key in runs["B"][0]:
             a = statistics.median(r[key] for r in runs["A"])
             b = statistics.median(r[key] for r in runs["B"])
             rows[key] = {
@@ -113,7 +135,8 @@ def main() -> None:
     if args.json:
         write_doc(
             args.json,
-            f"python benchmarks/diagnostics/ab_world.py A B --blocks {args.blocks} --iters {args.iters}",
+            f"python benchmarks/diagnostics/ab_world.py A B --blocks {args.blocks} "
+            f"--iters {args.iters} --ops {args.ops}",
             rows,
             a_src=_tree(args.a_src),
             b_src=_tree(args.b_src),
