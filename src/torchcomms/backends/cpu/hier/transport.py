@@ -2,7 +2,7 @@
 
 When a communicator's members span several hosts and at least one host holds more than
 one of them, ``TorchCommGloo`` picks ``HierOps``: ``all_reduce``, ``broadcast`` and
-``barrier`` are specialised here; every other op is delegated, explicitly, to a
+``barrier`` are specialised here; every other op is delegated, one line each, to a
 ``TcpOps`` over a global ``ProcessGroupGloo``.
 
 * **Hosts** are the distinct host identities of the members (exchanged at connect,
@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import torch
 import torch._C._distributed_c10d as c10d
@@ -173,6 +173,22 @@ def connect(
             local.chan.close(STATE_FAILED)
         raise
     return HierOps(topo, flat, local, (cross, cross_store), cross_index, small_max)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _flat(op: Callable[Concatenate[TcpOps, P], R]) -> Callable[Concatenate[HierOps, P], R]:
+    """``HierOps``'s method of ``op``'s name: the same op on the flat tcp path (for the
+    collectives not specialised here: it costs ``*args`` forwarding on each call)."""
+
+    def delegated(self: HierOps, *args: P.args, **kwargs: P.kwargs) -> R:
+        return op(self.flat, *args, **kwargs)
+
+    delegated.__name__ = op.__name__
+    delegated.__qualname__ = f"HierOps.{op.__name__}"
+    return delegated
 
 
 class HierOps(CpuOps):
@@ -333,75 +349,19 @@ class HierOps(CpuOps):
         self.flat.barrier(deadline)
 
     # -- delegated to the flat tcp path -----------------------------------------------------
-    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, deadline: Deadline) -> None:
-        self.flat.reduce(tensor, root, op, deadline)
+    reduce = _flat(TcpOps.reduce)
+    reduce_scatter = _flat(TcpOps.reduce_scatter)
+    reduce_scatter_single = _flat(TcpOps.reduce_scatter_single)
+    reduce_scatter_v = _flat(TcpOps.reduce_scatter_v)
+    scatter = _flat(TcpOps.scatter)
+    gather = _flat(TcpOps.gather)
+    all_gather = _flat(TcpOps.all_gather)
+    all_gather_single = _flat(TcpOps.all_gather_single)
+    all_gather_v = _flat(TcpOps.all_gather_v)
+    all_to_all_flat = _flat(TcpOps.all_to_all_flat)
 
-    def reduce_scatter(
-        self,
-        output: torch.Tensor,
-        input_list: Sequence[torch.Tensor],
-        op: ReduceOp,
-        deadline: Deadline,
-    ) -> None:
-        self.flat.reduce_scatter(output, input_list, op, deadline)
-
-    def reduce_scatter_single(
-        self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, deadline: Deadline
-    ) -> None:
-        self.flat.reduce_scatter_single(output, input, op, deadline)
-
-    def reduce_scatter_v(
-        self,
-        output: torch.Tensor,
-        input_list: Sequence[torch.Tensor],
-        op: ReduceOp,
-        deadline: Deadline,
-    ) -> None:
-        self.flat.reduce_scatter_v(output, input_list, op, deadline)
-
-    def scatter(
-        self,
-        output: torch.Tensor,
-        input_list: Sequence[torch.Tensor],
-        root: int,
-        deadline: Deadline,
-    ) -> None:
-        self.flat.scatter(output, input_list, root, deadline)
-
-    def gather(
-        self,
-        output_list: Sequence[torch.Tensor],
-        input: torch.Tensor,
-        root: int,
-        deadline: Deadline,
-    ) -> None:
-        self.flat.gather(output_list, input, root, deadline)
-
-    def all_gather(
-        self, output_list: Sequence[torch.Tensor], input: torch.Tensor, deadline: Deadline
-    ) -> None:
-        self.flat.all_gather(output_list, input, deadline)
-
-    def all_gather_single(
-        self, output: torch.Tensor, input: torch.Tensor, deadline: Deadline
-    ) -> None:
-        self.flat.all_gather_single(output, input, deadline)
-
-    def all_gather_v(
-        self, output_list: Sequence[torch.Tensor], input: torch.Tensor, deadline: Deadline
-    ) -> None:
-        self.flat.all_gather_v(output_list, input, deadline)
-
-    def all_to_all_flat(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        out_splits: Sequence[int],
-        in_splits: Sequence[int],
-        deadline: Deadline,
-    ) -> None:
-        self.flat.all_to_all_flat(output, input, out_splits, in_splits, deadline)
-
+    # Point-to-point written out: ``send``/``recv`` come here, and a plain method call is
+    # a few hundred nanoseconds cheaper than ``_flat``'s.
     def post(self, ops: Sequence[P2POp], tag: int | None, deadline: Deadline) -> Completion:
         return self.flat.post(ops, tag, deadline)
 
