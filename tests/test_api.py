@@ -994,6 +994,25 @@ def test_plugin_backend_dispatch() -> None:
     assert impl.calls[-1][0] == "finalize"
 
 
+class _OwnGatherSingle(DummyPyBackend):
+    """A plug-in with its own ``gather_single``: upstream calls it, not the default."""
+
+    def gather_single(self, *args: Any, **kwargs: Any) -> None:
+        self.calls.append(("gather_single", args, kwargs))
+
+
+def test_plugin_own_gather_single_is_called() -> None:
+    register_backend("own_gather_single", _OwnGatherSingle)
+    comm = new_comm("own_gather_single", CPU, name=f"own{next(_comm_counter)}")
+    impl = comm.get_backend_impl()
+    assert isinstance(impl, _OwnGatherSingle)
+    out, inp = torch.zeros(6), torch.ones(3)
+    comm.gather_single(out, inp, 0, False)
+    name, args, _ = impl.calls[-1]
+    assert name == "gather_single" and args[0] is out and args[1] is inp and args[2:] == (0, False)
+    comm.finalize()
+
+
 def test_plugin_gather_single_goes_through_gather() -> None:
     comm, impl = _dummy()
     inp = torch.tensor([1.0, 2.0, 3.0])

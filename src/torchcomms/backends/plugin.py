@@ -3,9 +3,9 @@
 ``new_comm`` wraps a ``TorchCommBackend`` that is not a ``CommBackend`` in one of these,
 once.  Each op drops the ``OpOptions`` (upstream passes plug-ins no hints and no
 timeout), calls the plug-in with the reference's positional arguments, and turns its
-result (``None`` or an object with ``wait()``) into a ``TorchWork``.  ``gather_single``
-is composed from ``gather`` as upstream's default does; ``batch_op_issue`` is refused
-with upstream's error.
+result (``None`` or an object with ``wait()``) into a ``TorchWork``.  A plug-in without
+its own ``gather_single`` gets upstream's default (``TorchCommBackend``'s, composed from
+``gather``); ``batch_op_issue`` is refused with upstream's error.
 
 Failures: an exception the plug-in raises from an op, or from its work's ``wait()``,
 moves the communicator to its error state (later ops fail fast quoting it), except a
@@ -144,19 +144,6 @@ class PluginBackend(CommBackend):
 
     def batch_op_issue(self, ops: list[P2POp], async_op: bool, options: OpOptions) -> TorchWork:
         raise RuntimeError(BATCH_UNSUPPORTED)
-
-    def gather_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        root: int,
-        async_op: bool,
-        options: OpOptions,
-    ) -> TorchWork:
-        """Upstream's default: the root views its output as comm_size chunks and gathers."""
-        outs = list(output.view(-1).chunk(self.get_size())) if self.get_rank() == root else []
-        gather = _forwarded(optable.BY_NAME[optable.OpName.gather])
-        return gather(self, outs, input, root, async_op, options)
 
 
 def as_work(result: Any, on_error: Callable[[BaseException], None] | None = None) -> TorchWork:
