@@ -366,17 +366,28 @@ class _BackendWrapper(c10d.ProcessGroup):
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
+    def _rooted(
+        self, op: str, options_type: Any, single: Any, lists: Any, opts: Any, timeout: Any
+    ) -> tuple[torch.Tensor, list[torch.Tensor], int, Any]:
+        """gather's and scatter's arguments: the one tensor every rank passes (``single``:
+        a tensor, or c10d's list of one), the root's list (``lists``; empty elsewhere), the
+        root and the options (``opts``: the options, or the root as an int)."""
+        if isinstance(single, torch.Tensor):
+            single, lists = [single], [lists]
+        if isinstance(opts, int):
+            opts = _options(options_type, None, timeout, rootRank=opts)
+        opts = _options(options_type, opts, timeout)
+        t = _single(single, op)
+        root = opts.rootRank
+        return t, _single_list(lists) if self.rank() == root else [], root, opts
+
     def gather(
         self, output_lists: Any, inputs: Any, opts: Any = None, timeout: Any = None
     ) -> _WorkWrapper:
-        if isinstance(inputs, torch.Tensor):  # gather(outputs: list, input: tensor, root)
-            output_lists, inputs = [output_lists], [inputs]
-        if isinstance(opts, int):
-            opts = _options(c10d.GatherOptions, None, timeout, rootRank=opts)
-        opts = _options(c10d.GatherOptions, opts, timeout)
-        t = _single(inputs, "gather")
-        root = opts.rootRank
-        outputs = _single_list(output_lists) if self.rank() == root else []
+        # gather(outputs: list, input: tensor, root) as well as c10d's lists
+        t, outputs, root, opts = self._rooted(
+            "gather", c10d.GatherOptions, inputs, output_lists, opts, timeout
+        )
         timeout = self._timeout(opts)
         work = self._comm.gather(outputs, t, root, self._async(opts), timeout=timeout)
         return self._wrap([work], outputs, timeout)
@@ -384,14 +395,10 @@ class _BackendWrapper(c10d.ProcessGroup):
     def scatter(
         self, outputs: Any, input_lists: Any, opts: Any = None, timeout: Any = None
     ) -> _WorkWrapper:
-        if isinstance(outputs, torch.Tensor):  # scatter(output: tensor, inputs: list, root)
-            outputs, input_lists = [outputs], [input_lists]
-        if isinstance(opts, int):
-            opts = _options(c10d.ScatterOptions, None, timeout, rootRank=opts)
-        opts = _options(c10d.ScatterOptions, opts, timeout)
-        t = _single(outputs, "scatter")
-        root = opts.rootRank
-        inputs = _single_list(input_lists) if self.rank() == root else []
+        # scatter(output: tensor, inputs: list, root) as well as c10d's lists
+        t, inputs, root, opts = self._rooted(
+            "scatter", c10d.ScatterOptions, outputs, input_lists, opts, timeout
+        )
         timeout = self._timeout(opts)
         work = self._comm.scatter(t, inputs, root, self._async(opts), timeout=timeout)
         return self._wrap([work], [t], timeout)
