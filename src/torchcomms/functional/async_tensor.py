@@ -108,17 +108,16 @@ class TorchCommsAsyncTensor(torch.Tensor):
     def __torch_dispatch__(  # type: ignore[override]
         cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
     ) -> Any:
-        unwrap = TorchCommsAsyncTensor.trigger_wait
-        args = pytree.tree_map_only(TorchCommsAsyncTensor, unwrap, args)
-        kwargs = pytree.tree_map_only(TorchCommsAsyncTensor, unwrap, kwargs or {})
-        return func(*args, **kwargs)
+        return _after_waits(func, args, kwargs)
 
     @classmethod
-    def __torch_function__(
-        cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
-    ) -> Any:
-        unwrap = TorchCommsAsyncTensor.trigger_wait
-        args = pytree.tree_map_only(TorchCommsAsyncTensor, unwrap, args)
-        kwargs = pytree.tree_map_only(TorchCommsAsyncTensor, unwrap, kwargs or {})
-        return func(*args, **kwargs)
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return _after_waits(func, args, kwargs)
 
+
+def _after_waits(func: Any, args: Any, kwargs: Any) -> Any:
+    """``func`` on the arguments, every ``TorchCommsAsyncTensor`` among them waited first."""
+    unwrap = TorchCommsAsyncTensor.trigger_wait
+    args = pytree.tree_map_only(TorchCommsAsyncTensor, unwrap, args)
+    kwargs = pytree.tree_map_only(TorchCommsAsyncTensor, unwrap, kwargs or {})
+    return func(*args, **kwargs)
