@@ -67,36 +67,6 @@ def fallback_split_group_new_group(
     return new_pg
 
 
-def _exchange(
-    recv_into: list[torch.Tensor],
-    send_from: list[torch.Tensor],
-    pg: ProcessGroup,
-    async_op: bool,
-) -> dist.Work | None:
-    """Entry ``i`` of ``send_from`` goes to group rank ``i``, whose data lands in ``recv_into[i]``."""
-    me = dist.get_rank(pg)
-    size = dist.get_world_size(pg)
-    for name, tensors in (("outputs", recv_into), ("inputs", send_from)):
-        if len(tensors) != size:
-            raise ValueError(f"{len(tensors)} {name} given for a group of {size} ranks")
-    recv_into[me].copy_(send_from[me])
-    ops = []
-    for peer in range(size):
-        if peer == me:
-            continue
-        ops.append(dist.P2POp(dist.irecv, recv_into[peer], group=pg, group_peer=peer))
-        ops.append(dist.P2POp(dist.isend, send_from[peer], group=pg, group_peer=peer))
-    if not ops:
-        return None
-    works = dist.batch_isend_irecv(ops)
-    for work in works[:-1]:
-        work.wait()
-    if async_op:
-        return works[-1]
-    works[-1].wait()
-    return None
-
-
 def fallback_all_gather_gloo(
     tensor_list: list[torch.Tensor],
     tensor: torch.Tensor,
@@ -113,8 +83,31 @@ def fallback_all_to_all_gloo(
     pg: ProcessGroup,
     async_op: bool,
 ) -> dist.Work | None:
-    """``all_to_all`` over point-to-point transfers; a work to wait on if ``async_op``."""
-    return _exchange(output_tensor_list, input_tensor_list, pg, async_op)
+    """``all_to_all`` over point-to-point transfers; a work to wait on if ``async_op``.
+
+    Entry ``i`` of ``input_tensor_list`` goes to group rank ``i``, whose data lands in
+    ``output_tensor_list[i]``."""
+    me = dist.get_rank(pg)
+    size = dist.get_world_size(pg)
+    for name, tensors in (("outputs", output_tensor_list), ("inputs", input_tensor_list)):
+        if len(tensors) != size:
+            raise ValueError(f"{len(tensors)} {name} given for a group of {size} ranks")
+    output_tensor_list[me].copy_(input_tensor_list[me])
+    ops = []
+    for peer in range(size):
+        if peer == me:
+            continue
+        ops.append(dist.P2POp(dist.irecv, output_tensor_list[peer], group=pg, group_peer=peer))
+        ops.append(dist.P2POp(dist.isend, input_tensor_list[peer], group=pg, group_peer=peer))
+    if not ops:
+        return None
+    works = dist.batch_isend_irecv(ops)
+    for work in works[:-1]:
+        work.wait()
+    if async_op:
+        return works[-1]
+    works[-1].wait()
+    return None
 
 
 def _chunks(t: torch.Tensor, sizes: list[int] | None, n: int, what: str) -> list[torch.Tensor]:
@@ -148,4 +141,4 @@ def fallback_all_to_all_single_gloo(
     ins = [c.contiguous() for c in _chunks(input, input_split_sizes, n, "input")]
     if not all(o.is_contiguous() for o in outs):
         raise ValueError("all_to_all_single: output must be contiguous")
-    return _exchange(outs, ins, pg, async_op)
+    return fallback_all_to_all_gloo(outs, ins, pg, async_op)
