@@ -114,7 +114,7 @@ class ShmCollectives:
             chan.op_seq += 1
             oneshot.run(flat, op, plan, deadline, oneshot.reduce_fp(dtype, n, root, op), root)
             return
-        fp = self._fp(F.REDUCE, dtype, n, root, op)
+        fp = F.make(F.REDUCE, dtype, n, root, op) if self._enter() else None
         cap = chan.slot_capacity(dtype)
         for start in range(0, n, cap):
             chunk = flat[start : start + cap]
@@ -201,7 +201,7 @@ class ShmCollectives:
         size, me = self.size, self.rank
         n = out.numel()
         dtype = out.dtype
-        fp = self._fp(F.REDUCE_SCATTER, dtype, n, -1, op)
+        fp = F.make(F.REDUCE_SCATTER, dtype, n, -1, op) if self._enter() else None
         per = max(chan.slot_capacity(dtype) // size, 1)
         stride = chan.layout.slot_bytes // dtype.itemsize
         for start in range(0, n, per):
@@ -227,13 +227,10 @@ class ShmCollectives:
         size, me = self.size, self.rank
         sizes = [t.numel() for t in inputs]
         dtype = out.dtype
-        fp = self._fp(F.REDUCE_SCATTER_V, dtype, 0, -1, op, sizes)
-        if not any(sizes):
-            self._check_round(fp, deadline, "reduce_scatter_v")
-            return
         per = max(chan.slot_capacity(dtype) // size, 1)
+        fp, starts = self._open_v(F.REDUCE_SCATTER_V, dtype, op, sizes, per, deadline)
         stride = chan.layout.slot_bytes // dtype.itemsize
-        for start in range(0, max(sizes, default=0), per):
+        for start in starts:
             k = chan.begin(deadline)
             base = chan.layout.slot_offset(k & 1, 0)
             for r, t in enumerate(inputs):
@@ -261,7 +258,7 @@ class ShmCollectives:
         if plan is not None:  # one round, views and fingerprint made once per shape
             oneshot.broadcast(flat, root, plan, deadline)
             return
-        fp = self._fp(F.BROADCAST, dtype, n, root)
+        fp = F.make(F.BROADCAST, dtype, n, root) if self._enter() else None
         for start in range(0, n, cap):
             c = min(cap, n - start)
             if start == 0:  # every rank publishes and checks every fingerprint
@@ -289,7 +286,7 @@ class ShmCollectives:
         size, me = self.size, self.rank
         n = out.numel()
         dtype = out.dtype
-        fp = self._fp(F.SCATTER, dtype, n, root)
+        fp = F.make(F.SCATTER, dtype, n, root) if self._enter() else None
         per = max(chan.slot_capacity(dtype) // size, 1)
         for start in range(0, n, per):
             c = min(per, n - start)
@@ -322,7 +319,7 @@ class ShmCollectives:
         me = self.rank
         n = inp.numel()
         dtype = inp.dtype
-        fp = self._fp(F.GATHER, dtype, n, root)
+        fp = F.make(F.GATHER, dtype, n, root) if self._enter() else None
         cap = chan.slot_capacity(dtype)
         for start in range(0, n, cap):
             c = min(cap, n - start)
@@ -346,7 +343,7 @@ class ShmCollectives:
         chan = self.chan
         n = inp.numel()
         dtype = inp.dtype
-        fp = self._fp(F.ALL_GATHER, dtype, n)
+        fp = F.make(F.ALL_GATHER, dtype, n) if self._enter() else None
         cap = chan.slot_capacity(dtype)
         for start in range(0, n, cap):
             c = min(cap, n - start)
@@ -364,12 +361,9 @@ class ShmCollectives:
         me = self.rank
         sizes = [o.numel() for o in outs]
         dtype = inp.dtype
-        fp = self._fp(F.ALL_GATHER_V, dtype, 0, -1, None, sizes)
-        if not any(sizes):
-            self._check_round(fp, deadline, "all_gather_v")
-            return
         cap = chan.slot_capacity(dtype)
-        for start in range(0, max(sizes, default=0), cap):
+        fp, starts = self._open_v(F.ALL_GATHER_V, dtype, None, sizes, cap, deadline)
+        for start in starts:
             k = chan.begin(deadline)
             c = min(cap, sizes[me] - start)
             if c > 0:
@@ -402,7 +396,7 @@ class ShmCollectives:
         item = dtype.itemsize
         if uniform:
             n = in_splits[0]
-            fp = self._fp(F.ALL_TO_ALL, dtype, n)
+            fp = F.make(F.ALL_TO_ALL, dtype, n) if self._enter() else None
             if n == 0:
                 self._check_round(fp, deadline, "all_to_all")
                 return
@@ -420,7 +414,7 @@ class ShmCollectives:
                 )
                 chan.finish(k)
             return
-        fp = self._fp(F.ALL_TO_ALL_V, dtype, 0)
+        fp = F.make(F.ALL_TO_ALL_V, dtype, 0) if self._enter() else None
         in_offs = _offsets(in_splits)
         out_offs = _offsets(out_splits)
         needed = max(1, -(-max(*in_splits, *out_splits, 0) // per))
@@ -467,7 +461,26 @@ class ShmCollectives:
         redop: ReduceOp | None = None,
     ) -> None:
         """An op with nothing to move still meets its peers: a mismatch must not slip by."""
-        self._check_round(self._fp(op, dtype, 0, root, redop), deadline, F.OP_NAMES[op])
+        fp = F.make(op, dtype, 0, root, redop) if self._enter() else None
+        self._check_round(fp, deadline, F.OP_NAMES[op])
+
+    def _open_v(
+        self,
+        op: int,
+        dtype: torch.dtype,
+        redop: ReduceOp | None,
+        sizes: list[int],
+        per: int,
+        deadline: Deadline,
+    ) -> tuple[Fingerprint | None, range]:
+        """Start a ``_v`` op over per-rank ``sizes``: its fingerprint, and the first element
+        of each of its rounds of ``per``; with nothing to move, none (its one round, the
+        check, has run)."""
+        fp = F.make(op, dtype, 0, -1, redop, sizes) if self._enter() else None
+        if any(sizes):
+            return fp, range(0, max(sizes), per)
+        self._check_round(fp, deadline, F.OP_NAMES[op])
+        return fp, range(0)
 
     def _check_round(self, fp: Fingerprint | None, deadline: Deadline, what: str) -> None:
         chan = self.chan
@@ -475,19 +488,11 @@ class ShmCollectives:
         chan.exchange(k, deadline, fp, what)
         chan.finish(k)
 
-    def _fp(
-        self,
-        op: int,
-        dtype: torch.dtype | None,
-        count: int,
-        root: int = -1,
-        redop: ReduceOp | None = None,
-        sizes: Sequence[int] = (),
-    ) -> Fingerprint | None:
-        """The next collective's fingerprint, None with the check off (the sequence number
-        advances either way)."""
+    def _enter(self) -> bool:
+        """Count the next collective in (its sequence number advances either way); whether
+        its fingerprint is made and checked (``fp = F.make(...) if self._enter() else None``)."""
         self.chan.op_seq += 1
-        return F.make(op, dtype, count, root, redop, sizes) if self.check else None
+        return self.check
 
 
 def _offsets(splits: Sequence[int]) -> list[int]:
