@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from torchcomms.types import RedOpType, ReduceOp
@@ -35,6 +37,45 @@ class on_host:
     def __exit__(self, *exc: object) -> None:
         if self._host is not self._tensor and exc[0] is None:
             self._tensor.copy_(self._host)
+
+
+class reduced_on_host(on_host):
+    """``on_host`` for a reduction's result: yields the flat host view; on a clean exit,
+    AVG's division (``finish_average``), then the copy back."""
+
+    __slots__ = ("_op", "_size")
+
+    def __init__(self, tensor: torch.Tensor, op: ReduceOp, size: int) -> None:
+        self._tensor = tensor
+        self._host = tensor if tensor.is_cpu else tensor.detach().to("cpu")
+        self._op = op
+        self._size = size
+
+    def __enter__(self) -> torch.Tensor:
+        return self._host.view(-1)
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            finish_average(self._host, self._op, self._size)
+            if self._host is not self._tensor:
+                self._tensor.copy_(self._host)
+
+
+class all_on_host:
+    """``on_host`` for a list of tensors: yields their flat host views; on a clean exit,
+    copies back those that had to be staged."""
+
+    __slots__ = ("_stages",)
+
+    def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
+        self._stages = [on_host(t) for t in tensors]
+
+    def __enter__(self) -> list[torch.Tensor]:
+        return [s.__enter__().view(-1) for s in self._stages]
+
+    def __exit__(self, *exc: object) -> None:
+        for s in self._stages:
+            s.__exit__(*exc)
 
 
 def finish_average(tensor: torch.Tensor, op: ReduceOp, size: int) -> None:

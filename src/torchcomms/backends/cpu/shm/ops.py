@@ -25,7 +25,13 @@ from torchcomms.backends.cpu import connect as cpu_connect
 from torchcomms.backends.cpu import host_arrays
 from torchcomms.backends.cpu.ops import Completion, CpuOps
 from torchcomms.backends.cpu.shm.collectives import ShmCollectives
-from torchcomms.backends.cpu.staging import finish_average, host_flat, on_host, overlaps
+from torchcomms.backends.cpu.staging import (
+    all_on_host,
+    host_flat,
+    on_host,
+    overlaps,
+    reduced_on_host,
+)
 from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError
 from torchcomms.transport.shm import segment as shm_segment
@@ -194,10 +200,8 @@ class ShmOps(CpuOps):
         if tensor.numel() == 0:
             self.coll.empty(F.ALL_REDUCE, tensor.dtype, deadline, redop=op)
             return
-        with on_host(tensor) as host:
-            flat = host.view(-1)
+        with reduced_on_host(tensor, op, self.size) as flat:
             self.coll.all_reduce(flat, op, deadline)
-            finish_average(flat, op, self.size)
 
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, deadline: Deadline) -> None:
         if tensor.is_cpu and op._type is not _AVG and tensor.numel():  # the hot path
@@ -209,10 +213,8 @@ class ShmOps(CpuOps):
         if self.rank != root:
             self.coll.reduce(host_flat(tensor), root, op, deadline)
             return
-        with on_host(tensor) as host:
-            flat = host.view(-1)
+        with reduced_on_host(tensor, op, self.size) as flat:
             self.coll.reduce(flat, root, op, deadline)
-            finish_average(flat, op, self.size)
 
     def reduce_scatter(
         self,
@@ -234,10 +236,8 @@ class ShmOps(CpuOps):
         if output.is_cpu and op._type is not _AVG:
             self.coll.reduce_scatter(output.view(-1), rows, op, deadline)
             return
-        with on_host(output) as host:
-            flat = host.view(-1)
+        with reduced_on_host(output, op, self.size) as flat:
             self.coll.reduce_scatter(flat, rows, op, deadline)
-            finish_average(flat, op, self.size)
 
     def reduce_scatter_v(
         self,
@@ -246,10 +246,8 @@ class ShmOps(CpuOps):
         op: ReduceOp,
         deadline: Deadline,
     ) -> None:
-        with on_host(output) as host:
-            flat = host.view(-1)
+        with reduced_on_host(output, op, self.size) as flat:
             self.coll.reduce_scatter_v(flat, [host_flat(t) for t in input_list], op, deadline)
-            finish_average(flat, op, self.size)
 
     # -- rooted --------------------------------------------------------------------------
     def broadcast(self, tensor: torch.Tensor, root: int, deadline: Deadline) -> None:
@@ -289,11 +287,8 @@ class ShmOps(CpuOps):
         if self.rank != root:
             self.coll.gather([], host_flat(input), root, deadline)
             return
-        stages = [on_host(o) for o in output_list]
-        hosts = [s.__enter__().view(-1) for s in stages]
-        self.coll.gather(hosts, host_flat(input), root, deadline)
-        for s in stages:
-            s.__exit__(None, None, None)
+        with all_on_host(output_list) as hosts:
+            self.coll.gather(hosts, host_flat(input), root, deadline)
 
     # -- all to all ------------------------------------------------------------------------
     def all_gather_single(
@@ -330,11 +325,8 @@ class ShmOps(CpuOps):
         src = host_flat(input)
         if any(overlaps(o, src) for o in output_list if o.is_cpu):
             src = src.clone()
-        stages = [on_host(o) for o in output_list]
-        hosts = [s.__enter__().view(-1) for s in stages]
-        self.coll.all_gather_v(hosts, src, deadline)
-        for s in stages:
-            s.__exit__(None, None, None)
+        with all_on_host(output_list) as hosts:
+            self.coll.all_gather_v(hosts, src, deadline)
 
     def all_to_all_flat(
         self,
