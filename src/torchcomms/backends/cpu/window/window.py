@@ -230,7 +230,7 @@ class CpuWindow(WindowBackend):
         reg = self._reg
         assert reg is not None
         if rank == self._ctx.rank:
-            return reg.mem.typed(reg.dtype)[: reg.numel].view(reg.shape)
+            return self._own(reg).view(reg.shape)
         return reg.typed(rank).view(reg.metas[rank][1])
 
     def registered_tensor(self) -> torch.Tensor | None:
@@ -244,8 +244,8 @@ class CpuWindow(WindowBackend):
         reg = self._live()
 
         def body(deadline: Deadline) -> None:
-            if dst == self._ctx.rank or dst in reg.peers:
-                target = reg.typed(dst) if dst != self._ctx.rank else self._own(reg)
+            target = self._mapped(reg, dst)
+            if target is not None:
                 target[offset : offset + tensor.numel()].copy_(tensor.reshape(-1))
                 return
             link = reg.links[dst]
@@ -266,8 +266,8 @@ class CpuWindow(WindowBackend):
         reg = self._live()
 
         def body(deadline: Deadline) -> None:
-            if src == self._ctx.rank or src in reg.peers:
-                source = reg.typed(src) if src != self._ctx.rank else self._own(reg)
+            source = self._mapped(reg, src)
+            if source is not None:
                 tensor.reshape(-1).copy_(source[offset : offset + tensor.numel()])
                 return
             link = reg.links[src]
@@ -329,6 +329,13 @@ class CpuWindow(WindowBackend):
     # -- helpers -----------------------------------------------------------------------------
     def _own(self, reg: _Registration) -> torch.Tensor:
         return reg.mem.typed(reg.dtype)[: reg.numel]
+
+    def _mapped(self, reg: _Registration, rank: int) -> torch.Tensor | None:
+        """``rank``'s window, flat, where this process maps it (its own, or a same-host
+        peer's); None where it is reached through its link."""
+        if rank == self._ctx.rank:
+            return self._own(reg)
+        return reg.typed(rank) if rank in reg.peers else None
 
     def _live(self) -> _Registration:
         reg = self._reg
