@@ -209,6 +209,12 @@ class TcpOps(CpuOps):
         if deadline.timeout > self._pg_timeout:
             gloo_options.timeout = timedelta(seconds=deadline.left_s() + GLOO_MARGIN_S)
 
+    def _rooted(self, gloo_options: Any, root: int, deadline: Deadline) -> Any:
+        """``gloo_options`` for a call rooted at ``root``, armed (``arm``)."""
+        gloo_options.rootRank = root
+        self.arm(gloo_options, deadline)
+        return gloo_options
+
     def wait(
         self, work: Any, deadline: Deadline, what: str, peers: Sequence[int] | None = None
     ) -> None:
@@ -272,10 +278,8 @@ class TcpOps(CpuOps):
     def _reduce_into(
         self, tensor: torch.Tensor, root: int, op: ReduceOp, deadline: Deadline
     ) -> None:
-        o = c10d.ReduceOptions()
+        o = self._rooted(c10d.ReduceOptions(), root, deadline)
         o.reduceOp = gloo.c10d_op(op, tensor.dtype)
-        o.rootRank = root
-        self.arm(o, deadline)
         _premultiply(tensor, op)
         self.wait(self.pg.reduce([tensor], o), deadline, "reduce")
         if self.rank == root:
@@ -318,8 +322,7 @@ class TcpOps(CpuOps):
     def _reduce_scatter_flat(
         self, out: torch.Tensor, flat_in: torch.Tensor, op: ReduceOp, deadline: Deadline
     ) -> None:
-        if op.type is RedOpType.PREMUL_SUM:
-            flat_in = flat_in * op.factor_value()  # never scale the caller's input in place
+        flat_in = _premultiplied(flat_in, op)  # never scale the caller's input in place
         o = c10d.ReduceScatterOptions()
         o.reduceOp = gloo.c10d_op(op, out.dtype)
         self.arm(o, deadline)
@@ -361,9 +364,7 @@ class TcpOps(CpuOps):
             self._broadcast(host, root, deadline)
 
     def _broadcast(self, tensor: torch.Tensor, root: int, deadline: Deadline) -> None:
-        o = c10d.BroadcastOptions()
-        o.rootRank = root
-        self.arm(o, deadline)
+        o = self._rooted(c10d.BroadcastOptions(), root, deadline)
         self.wait(self.pg.broadcast([tensor], o), deadline, "broadcast")
 
     def scatter(
@@ -385,9 +386,7 @@ class TcpOps(CpuOps):
         self.enter(fp, deadline)
         if n == 0:
             return
-        o = c10d.ScatterOptions()
-        o.rootRank = root
-        self.arm(o, deadline)
+        o = self._rooted(c10d.ScatterOptions(), root, deadline)
         with on_host(output) as host_out:
             if self.rank == root:
                 srcs = [t.detach().to("cpu").contiguous() for t in input_list]
@@ -414,9 +413,7 @@ class TcpOps(CpuOps):
         self.enter(fp, deadline)
         if n == 0:
             return
-        o = c10d.GatherOptions()
-        o.rootRank = root
-        self.arm(o, deadline)
+        o = self._rooted(c10d.GatherOptions(), root, deadline)
         src = input.detach().to("cpu").contiguous()
         if self.rank == root:
             staging = [torch.empty_like(src) for _ in range(self.size)]
