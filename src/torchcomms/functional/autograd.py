@@ -126,13 +126,19 @@ def _all_reduce(ctx: Any, token: torch.Tensor, ft: Any, grads: tuple[Any, ...]) 
     return {"tensor": result}
 
 
-def _all_gather_single(
-    ctx: Any, token: torch.Tensor, ft: Any, grads: tuple[Any, ...]
-) -> _Grads:
+def _single_backward(
+    ctx: Any, token: torch.Tensor, grads: tuple[Any, ...], op: str, *args: Any
+) -> Any:
+    """``op`` (then ``args``) from the output's gradient into a tensor shaped as the input: the
+    backward of a ``*_single`` op."""
     g = _zeros(grads[0], ctx.saved.values["output"], token)
     template = g.new_empty(ctx.saved.values["input"])
-    (result,) = _call("reduce_scatter_single", ctx.comm, token, template, g, *_SUM)
-    return {"input": result}
+    (result,) = _call(op, ctx.comm, token, template, g, *args)
+    return result
+
+
+def _all_gather_single(ctx: Any, token: torch.Tensor, ft: Any, grads: tuple[Any, ...]) -> _Grads:
+    return {"input": _single_backward(ctx, token, grads, "reduce_scatter_single", *_SUM)}
 
 
 def _all_gather(ctx: Any, token: torch.Tensor, ft: Any, grads: tuple[Any, ...]) -> _Grads:
@@ -162,9 +168,7 @@ def _scaled(ctx: Any, grads: Any, ft: Any, method: str) -> Any:
 def _reduce_scatter_single(
     ctx: Any, token: torch.Tensor, ft: Any, grads: tuple[Any, ...]
 ) -> _Grads:
-    g = _zeros(grads[0], ctx.saved.values["output"], token)
-    template = g.new_empty(ctx.saved.values["input"])
-    (result,) = _call("all_gather_single", ctx.comm, token, template, g)
+    result = _single_backward(ctx, token, grads, "all_gather_single")
     return {"input": _scaled(ctx, result, ft, "reduce_scatter_single")}
 
 
@@ -175,18 +179,11 @@ def _reduce_scatter(ctx: Any, token: torch.Tensor, ft: Any, grads: tuple[Any, ..
     return {"input_list": _scaled(ctx, list(result), ft, "reduce_scatter")}
 
 
-def _all_to_all_single(
-    ctx: Any, token: torch.Tensor, ft: Any, grads: tuple[Any, ...]
-) -> _Grads:
-    g = _zeros(grads[0], ctx.saved.values["output"], token)
-    template = g.new_empty(ctx.saved.values["input"])
-    (result,) = _call("all_to_all_single", ctx.comm, token, template, g)
-    return {"input": result}
+def _all_to_all_single(ctx: Any, token: torch.Tensor, ft: Any, grads: tuple[Any, ...]) -> _Grads:
+    return {"input": _single_backward(ctx, token, grads, "all_to_all_single")}
 
 
-def _all_to_all_v_single(
-    ctx: Any, token: torch.Tensor, ft: Any, grads: tuple[Any, ...]
-) -> _Grads:
+def _all_to_all_v_single(ctx: Any, token: torch.Tensor, ft: Any, grads: tuple[Any, ...]) -> _Grads:
     saved = ctx.saved.values
     g = _zeros(grads[0], saved["output"], token)
     template = g.new_empty(saved["input"])
