@@ -41,18 +41,32 @@ CPU = torch.device("cpu")
 _names = itertools.count()
 
 
+def _defines(cls: type, name: str, below: tuple[type, ...]) -> bool:
+    """Whether a class of ``cls``'s MRO other than ``below`` defines ``name``."""
+    return any(name in vars(k) for k in cls.__mro__ if k not in below)
+
+
 def test_every_backend_and_transport_implements_the_whole_interface() -> None:
+    """Every op of the table reaches every backend and every CPU transport."""
+    from torchcomms import optable
+    from torchcomms.backends.cpu.ops import required_ops
+    from torchcomms.comm import TorchComm
+
+    bases = (CommBackend, TorchCommBackend, object)
     for cls in (TorchCommGloo, TorchCommFake, PluginBackend):
         assert issubclass(cls, CommBackend) and issubclass(cls, TorchCommBackend)
         assert not inspect.isabstract(cls), (cls, sorted(cls.__abstractmethods__))
+        missing = [e.method for e in optable.OPS if not _defines(cls, e.method, bases)]
+        assert missing == [] and _defines(cls, "batch_op_issue", bases), (cls, missing)
     for ops_cls in (TcpOps, ShmOps, HierOps):
         assert issubclass(ops_cls, CpuOps)
         assert not inspect.isabstract(ops_cls), (ops_cls, sorted(ops_cls.__abstractmethods__))
-    # Each abstract op of the contract is one the reference lists for TorchComm.
-    ops = {name for name in CommBackend.__abstractmethods__ if name != "split"}
-    from torchcomms.comm import TorchComm
-
-    assert all(hasattr(TorchComm, name) or name == "batch_op_issue" for name in ops), ops
+        missing = sorted(n for n in required_ops() if not _defines(ops_cls, n, (object,)))
+        assert missing == [], (ops_cls, missing)
+    # TorchComm has every op of the table, with the table's signature.
+    for entry in optable.OPS:
+        params = list(inspect.signature(getattr(TorchComm, entry.method)).parameters)
+        assert params == ["self", *entry.names, "async_op", "hints", "timeout"], entry
 
 
 class _FlakyPlugin(TorchCommBackend):

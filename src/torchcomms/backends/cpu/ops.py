@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from torchcomms import optable
 from torchcomms.deadline import Deadline
 from torchcomms.types import P2POp, P2POpType, ReduceOp
 
@@ -74,48 +75,19 @@ class CpuOps(abc.ABC):
         """Members known to be gone (their process exited); used to explain a failure."""
         return []
 
-    # -- reductions ----------------------------------------------------------------------
+    # -- the ops: each op of the table (``torchcomms.optable``) but send and recv is a method of
+    # its name taking the op's arguments and a ``deadline`` (``required_ops``); those the CPU
+    # backend calls by name only are not declared here, the rest are (the hot ops, and what
+    # the composite ops below build on).
     @abc.abstractmethod
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, deadline: Deadline) -> None: ...
 
     @abc.abstractmethod
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, deadline: Deadline) -> None: ...
 
-    @abc.abstractmethod
-    def reduce_scatter(
-        self,
-        output: torch.Tensor,
-        input_list: Sequence[torch.Tensor],
-        op: ReduceOp,
-        deadline: Deadline,
-    ) -> None: ...
-
-    @abc.abstractmethod
-    def reduce_scatter_single(
-        self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, deadline: Deadline
-    ) -> None: ...
-
-    @abc.abstractmethod
-    def reduce_scatter_v(
-        self,
-        output: torch.Tensor,
-        input_list: Sequence[torch.Tensor],
-        op: ReduceOp,
-        deadline: Deadline,
-    ) -> None: ...
-
     # -- rooted --------------------------------------------------------------------------
     @abc.abstractmethod
     def broadcast(self, tensor: torch.Tensor, root: int, deadline: Deadline) -> None: ...
-
-    @abc.abstractmethod
-    def scatter(
-        self,
-        output: torch.Tensor,
-        input_list: Sequence[torch.Tensor],
-        root: int,
-        deadline: Deadline,
-    ) -> None: ...
 
     @abc.abstractmethod
     def gather(
@@ -134,19 +106,10 @@ class CpuOps(abc.ABC):
         self.gather(outs, input, root, deadline)
 
     # -- gathers -------------------------------------------------------------------------
-    @abc.abstractmethod
-    def all_gather(
-        self, output_list: Sequence[torch.Tensor], input: torch.Tensor, deadline: Deadline
-    ) -> None: ...
 
     @abc.abstractmethod
     def all_gather_single(
         self, output: torch.Tensor, input: torch.Tensor, deadline: Deadline
-    ) -> None: ...
-
-    @abc.abstractmethod
-    def all_gather_v(
-        self, output_list: Sequence[torch.Tensor], input: torch.Tensor, deadline: Deadline
     ) -> None: ...
 
     # -- all-to-all ----------------------------------------------------------------------
@@ -223,3 +186,9 @@ class CpuOps(abc.ABC):
         Untagged messages between two ranks match in issue order; a ``tag`` (the c10d
         bridge's tags) matches only messages of the same tag, as in c10d.
         """
+
+
+def required_ops() -> frozenset[str]:
+    """The methods every transport has: each op of the table but point-to-point (``post``
+    and ``transfer`` carry those)."""
+    return frozenset(e.method for e in optable.OPS if not e.p2p)
