@@ -349,3 +349,59 @@ def encode(self): ...
         "torchcomms.backends.cpu.x:",
         "torchcomms.backends.cpu.x:",
     ]
+
+
+def _op_names() -> set[str]:
+    from torchcomms import optable
+
+    return {e.method for e in optable.OPS} | {optable.BATCH.method}
+
+
+def _per_op_lists(tree: ast.AST, ops: set[str]) -> list[int]:
+    """Lines of collection literals naming three or more ops (as strings or ``OpName.x``);
+    ``__all__`` (public names that may share an op's name) does not count."""
+    exports = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in exports:
+            continue
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            items: list[ast.expr] = list(node.elts)
+        elif isinstance(node, ast.Dict):
+            items = [k for k in node.keys if k is not None]
+        else:
+            continue
+        named = [
+            item
+            for item in items
+            if (isinstance(item, ast.Constant) and item.value in ops)
+            or (isinstance(item, ast.Attribute) and item.attr in ops)
+        ]
+        if len(named) >= 3:
+            found.append(node.lineno)
+    return found
+
+
+def test_the_op_table_is_the_only_per_op_list() -> None:
+    """Each op is declared once, in ``torchcomms.optable``; every other per-op fact is derived
+    from it, so no other module lists ops (three or more op names in one literal)."""
+    ops = _op_names()
+    lists = {
+        name: lines
+        for name, path in sorted(_modules().items())
+        if name != "torchcomms.optable"
+        and (lines := _per_op_lists(ast.parse(path.read_text()), ops))
+    }
+    assert lists == {}
+
+
+def test_the_per_op_list_check_finds_a_list() -> None:
+    ops = _op_names()
+    assert _per_op_lists(ast.parse("X = (OpName.send, OpName.recv, OpName.barrier)"), ops) == [1]
+    assert _per_op_lists(ast.parse("X = {'all_reduce': 1, 'reduce': 2, 'gather': 3}"), ops) == [1]
+    assert _per_op_lists(ast.parse("X = ('all_reduce', 'put', 'get')"), ops) == []

@@ -116,8 +116,17 @@ def register(spec: table.OpSpec, lib: torch.library.Library) -> None:
 
 # -- the formulas: (ctx, token, factor_tensor, output grads) -> {input name: grad} -------------
 _Backward = Callable[[Any, torch.Tensor, Any, tuple[Any, ...]], _Grads]
+#: The formulas by op: ``_<op>`` below, registered by ``_formula``.
+_BACKWARDS: dict[str, _Backward] = {}
 
 
+def _formula(fn: _Backward) -> _Backward:
+    """Register ``fn`` (named ``_<op>``) as the backward of ``<op>``."""
+    _BACKWARDS[fn.__name__.removeprefix("_")] = fn
+    return fn
+
+
+@_formula
 def _all_reduce(ctx: Any, token: torch.Tensor, ft: Any, grads: tuple[Any, ...]) -> _Grads:
     red, factor = ctx.saved.values["op"]
     red = _check_linear("all_reduce", red)
@@ -137,10 +146,12 @@ def _single_backward(
     return result
 
 
+@_formula
 def _all_gather_single(ctx: Any, token: torch.Tensor, ft: Any, grads: tuple[Any, ...]) -> _Grads:
     return {"input": _single_backward(ctx, token, grads, "reduce_scatter_single", *_SUM)}
 
 
+@_formula
 def _all_gather(ctx: Any, token: torch.Tensor, ft: Any, grads: tuple[Any, ...]) -> _Grads:
     shapes = ctx.saved.values["tensor_list"]
     gs = [_zeros(g, s, token) for g, s in zip(grads[0], shapes, strict=True)]
@@ -165,6 +176,7 @@ def _scaled(ctx: Any, grads: Any, ft: Any, method: str) -> Any:
     return grads * scale
 
 
+@_formula
 def _reduce_scatter_single(
     ctx: Any, token: torch.Tensor, ft: Any, grads: tuple[Any, ...]
 ) -> _Grads:
@@ -172,6 +184,7 @@ def _reduce_scatter_single(
     return {"input": _scaled(ctx, result, ft, "reduce_scatter_single")}
 
 
+@_formula
 def _reduce_scatter(ctx: Any, token: torch.Tensor, ft: Any, grads: tuple[Any, ...]) -> _Grads:
     g = _zeros(grads[0], ctx.saved.values["output"], token)
     templates = [g.new_empty(s) for s in ctx.saved.values["input_list"]]
@@ -179,10 +192,12 @@ def _reduce_scatter(ctx: Any, token: torch.Tensor, ft: Any, grads: tuple[Any, ..
     return {"input_list": _scaled(ctx, list(result), ft, "reduce_scatter")}
 
 
+@_formula
 def _all_to_all_single(ctx: Any, token: torch.Tensor, ft: Any, grads: tuple[Any, ...]) -> _Grads:
     return {"input": _single_backward(ctx, token, grads, "all_to_all_single")}
 
 
+@_formula
 def _all_to_all_v_single(ctx: Any, token: torch.Tensor, ft: Any, grads: tuple[Any, ...]) -> _Grads:
     saved = ctx.saved.values
     g = _zeros(grads[0], saved["output"], token)
@@ -198,17 +213,6 @@ def _all_to_all_v_single(ctx: Any, token: torch.Tensor, ft: Any, grads: tuple[An
         list(saved["output_split_sizes"]),
     )
     return {"input": result}
-
-
-_BACKWARDS: dict[str, _Backward] = {
-    "all_reduce": _all_reduce,
-    "all_gather": _all_gather,
-    "all_gather_single": _all_gather_single,
-    "reduce_scatter": _reduce_scatter,
-    "reduce_scatter_single": _reduce_scatter_single,
-    "all_to_all_single": _all_to_all_single,
-    "all_to_all_v_single": _all_to_all_v_single,
-}
 
 
 def differentiable(spec: table.OpSpec) -> bool:
