@@ -42,13 +42,13 @@ REDUCE_SCATTER, REDUCE_SCATTER_V = family("reduce_scatter"), family("reduce_scat
 ALL_TO_ALL, ALL_TO_ALL_V = family("all_to_all"), family("all_to_all_v")
 
 # Stable codes (never reorder: the code is what processes compare).
-_DTYPE_LIST = (
+DTYPES = (
     *(torch.float32, torch.float64, torch.float16, torch.bfloat16),
     *(torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool),
     *(torch.int16, torch.complex64, torch.complex128),
 )
-_DTYPE_CODES = {dt: i for i, dt in enumerate(_DTYPE_LIST)}
-_DTYPES = dict(enumerate(_DTYPE_LIST))
+_DTYPE_CODES = {dt: i for i, dt in enumerate(DTYPES)}
+_DTYPES = dict(enumerate(DTYPES))
 _NO = 0xFF  # "not part of this op" for dtype / reduce op codes
 _MASK32 = 0xFFFFFFFF
 

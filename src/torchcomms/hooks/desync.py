@@ -26,6 +26,7 @@ import threading
 import torch
 
 from torchcomms import config, opinfo
+from torchcomms import fingerprint as F
 from torchcomms.comm import TorchComm, add_default_observer
 from torchcomms.errors import BackendNotImplementedError, CollectiveMismatchError
 from torchcomms.oprecord import OpRecord
@@ -37,20 +38,7 @@ _LEN = 12
 _MAX_DIMS = 4
 
 _OPS = list(OpName)
-_DTYPES = [
-    torch.float32,
-    torch.float64,
-    torch.float16,
-    torch.bfloat16,
-    torch.int8,
-    torch.uint8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.bool,
-    torch.complex64,
-    torch.complex128,
-]
+_DTYPES = list(F.DTYPES)
 _REDOPS = list(RedOpType)
 _SKIPPED = opinfo.P2P_OPS
 

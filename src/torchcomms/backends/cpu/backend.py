@@ -395,20 +395,13 @@ class TorchCommGloo(CpuDispatch):
                     f"{where}the other members found this rank failed and shrank without it"
                 )
             members = [r for r in range(self._size) if r not in failed]
-            child = TorchCommGloo()
+            store = CommStore(
+                store=c10d.PrefixStore("comm", base),
+                parent=self._store,
+                durable=c10d.PrefixStore("next", base),
+            )
             try:
-                child._connect(
-                    self._device or torch.device("cpu"),
-                    name,
-                    options,
-                    CommStore(
-                        store=c10d.PrefixStore("comm", base),
-                        parent=self._store,
-                        durable=c10d.PrefixStore("next", base),
-                    ),
-                    members.index(self._rank),
-                    len(members),
-                )
+                child = self._child(name, options, store, members)
             except CommError as exc:  # a member died after the agreement: agree again
                 if not exc.dead_ranks or deadline.passed():
                     raise
@@ -509,19 +502,20 @@ class TorchCommGloo(CpuDispatch):
         child_store = c10d.PrefixStore(where, self._store.store)
         parent_durable = self._store.durable
         durable = None if parent_durable is None else c10d.PrefixStore(where, parent_durable)
-        child = TorchCommGloo()
         # The child keeps the parent's store (and rank 0's server) alive while it lives.
+        store = CommStore(store=child_store, parent=self._store, durable=durable)
         try:
-            child._connect(
-                self._device or torch.device("cpu"),
-                name,
-                options,
-                CommStore(store=child_store, parent=self._store, durable=durable),
-                ranks.index(self._rank),
-                len(ranks),
-            )
+            return self._child(name, options, store, ranks)
         finally:
             self.split_outside(name, options)  # done with the parent's store, as outsiders are
+
+    def _child(
+        self, name: str, options: CommOptions, store: CommStore, members: list[int]
+    ) -> TorchCommGloo:
+        """A new communicator of ``members`` (this comm's ranks, this rank among them)."""
+        child = TorchCommGloo()
+        device = self._device or torch.device("cpu")
+        child._connect(device, name, options, store, members.index(self._rank), len(members))
         return child
 
     def split_outside(self, name: str, options: CommOptions) -> None:

@@ -3,7 +3,7 @@
 Each op picks the connected transport's ``CpuOps`` (``_transport``) and hands the op, as a
 body taking its deadline, to the execution plumbing here (``_run``: issue order, sync inline
 on the caller's thread or async on the comm's executor thread).  The hot ops (all_reduce,
-reduce, broadcast, barrier, send, recv) are written out for their sync fast path; every
+broadcast, barrier, send, recv) are written out for their sync fast path; every
 other op of the table is the same dispatch to the ``CpuOps`` method of its name
 (``_cold_op``).  ``TorchCommGloo`` subclasses it: it connects the transport and names and
 types errors (``_prefix``, ``_translate``).
@@ -179,15 +179,6 @@ class CpuDispatch(CommBackend):
             return self._run(options, True, ops.all_reduce, (tensor, op))
         free = not tensor.requires_grad and op._factor is None
         return self._run_sync(options, ops.all_reduce, (tensor, op), (), free)
-
-    def reduce(
-        self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool, options: OpOptions
-    ) -> TorchWork:
-        ops = self._ops or self._transport()
-        if async_op:
-            return self._run(options, True, ops.reduce, (tensor, root, op))
-        free = not tensor.requires_grad and op._factor is None
-        return self._run_sync(options, ops.reduce, (tensor, root, op), (), free)
 
     def broadcast(
         self, tensor: torch.Tensor, root: int, async_op: bool, options: OpOptions

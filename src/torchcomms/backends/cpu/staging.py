@@ -6,20 +6,12 @@ from collections.abc import Sequence
 
 import torch
 
+from torchcomms import fingerprint as F
 from torchcomms.types import RedOpType, ReduceOp
 
-#: The dtypes the CPU backend supports, in a fixed order (shm fingerprints number them).
-CPU_DTYPES = (
-    torch.float32,
-    torch.float64,
-    torch.float16,
-    torch.bfloat16,
-    torch.int8,
-    torch.uint8,
-    torch.int32,
-    torch.int64,
-    torch.bool,
-)
+#: The dtypes the CPU backend supports, in the fingerprints' order (shm fingerprints number
+#: them): the first nine fingerprint dtypes.
+CPU_DTYPES = F.DTYPES[:9]
 
 
 class on_host:

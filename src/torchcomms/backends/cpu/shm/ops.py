@@ -216,15 +216,6 @@ class ShmOps(CpuOps):
         with reduced_on_host(tensor, op, self.size) as flat:
             self.coll.reduce(flat, root, op, deadline)
 
-    def reduce_scatter(
-        self,
-        output: torch.Tensor,
-        input_list: Sequence[torch.Tensor],
-        op: ReduceOp,
-        deadline: Deadline,
-    ) -> None:
-        self.reduce_scatter_v(output, input_list, op, deadline)
-
     def reduce_scatter_single(
         self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, deadline: Deadline
     ) -> None:
@@ -248,6 +239,9 @@ class ShmOps(CpuOps):
     ) -> None:
         with reduced_on_host(output, op, self.size) as flat:
             self.coll.reduce_scatter_v(flat, [host_flat(t) for t in input_list], op, deadline)
+
+    #: Equal parts are a case of the variable-size exchange.
+    reduce_scatter = reduce_scatter_v
 
     # -- rooted --------------------------------------------------------------------------
     def broadcast(self, tensor: torch.Tensor, root: int, deadline: Deadline) -> None:
