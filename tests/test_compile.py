@@ -196,7 +196,7 @@ def test_a_traced_call_binds_arguments_as_the_eager_method_does() -> None:
     from torchcomms.functional import table, traced
 
     spec = next(s for s in table.OPS if s.method == "broadcast")
-    call = functools.partial(traced.call, spec.op, spec.names, spec.kinds, None)
+    call = functools.partial(traced.call, spec, None)
     t = torch.zeros(2)
     with pytest.raises(TypeError, match=r"broadcast\(\) takes 5 arguments, got 6"):
         call((t, 0, False, None, None, "extra"), {})

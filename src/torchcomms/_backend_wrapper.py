@@ -110,8 +110,7 @@ class _BackendWrapper(c10d.ProcessGroup):
     def name(self) -> str:
         return self._comm.get_backend()
 
-    def _get_backend_name(self) -> str:
-        return self._comm.get_backend()
+    _get_backend_name = name
 
     def get_mem_allocator(self) -> Any:
         raise RuntimeError(

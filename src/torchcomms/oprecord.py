@@ -211,9 +211,7 @@ class SyncRecord:
     def time_started_ns(self) -> int:
         return self.time_created_ns
 
-    @property
-    def started_ns(self) -> int:
-        return self.time_created_ns
+    started_ns = time_started_ns
 
     @property
     def state(self) -> str:

@@ -86,15 +86,14 @@ def _traceable(spec: table.OpSpec) -> Callable[..., Any]:
     requires grad, upstream's autograd path (``traced.eager_with_grad``); else the eager
     method, untouched."""
     eager = getattr(TorchComm, spec.method)
-    op_name, names, kinds = spec.op, spec.names, spec.kinds
     functional = spec.functional if autograd.differentiable(spec) else None
 
     @functools.wraps(eager)
     def method(self: TorchComm, *args: Any, **kwargs: Any) -> Any:
         if _compiling():
-            return traced.call(op_name, names, kinds, self, args, kwargs, functional)
+            return traced.call(spec, self, args, kwargs, functional)
         if functional is not None and torch.is_grad_enabled():
-            result = traced.eager_with_grad(op_name, names, kinds, self, args, kwargs, functional)
+            result = traced.eager_with_grad(spec, self, args, kwargs, functional)
             if result is not None:
                 return result
         return eager(self, *args, **kwargs)

@@ -187,13 +187,7 @@ def _requires_grad(value: Any) -> bool:
 
 
 def eager_with_grad(
-    op_name: str,
-    names: tuple[str, ...],
-    kinds: tuple[str, ...],
-    comm: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    functional: str,
+    spec: table.OpSpec, comm: Any, args: tuple[Any, ...], kwargs: dict[str, Any], functional: str
 ) -> Any:
     """Upstream's eager autograd path, for a call outside a compiled region: ``None`` unless
     the call goes through autograd (``_wants_grad``); else it runs the functional op (the
@@ -204,8 +198,9 @@ def eager_with_grad(
 
     if not any(_requires_grad(v) for v in (*args, *kwargs.values())):
         return None  # the common case, decided without binding
+    names, kinds = spec.names, spec.kinds
     try:
-        bound, flat, outputs, tail = _bind(op_name, names, kinds, args, kwargs)
+        bound, flat, outputs, tail = _bind(spec.op, names, kinds, args, kwargs)
     except (TypeError, AttributeError, ValueError):
         return None  # bad arguments: the eager method raises its own error
     if not _wants_grad(names, kinds, bound, outputs):
@@ -216,9 +211,7 @@ def eager_with_grad(
 
 
 def call(
-    op_name: str,
-    names: tuple[str, ...],
-    kinds: tuple[str, ...],
+    spec: table.OpSpec,
     comm: Any,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
@@ -231,6 +224,7 @@ def call(
     ``wait()`` emits ``torchcomm_wait_`` on the tensors the op writes.  ``functional`` names
     the row's differentiable functional op, if it has one: a call whose input requires grad
     emits it instead (``_differentiable``)."""
+    op_name, names, kinds = spec.op, spec.names, spec.kinds
     bound, flat, outputs, tail = _bind(op_name, names, kinds, args, kwargs)
     async_op = bound["async_op"]
     if functional is not None and _wants_grad(names, kinds, bound, outputs):

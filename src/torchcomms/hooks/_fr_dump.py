@@ -33,6 +33,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from torchcomms import config, opinfo
@@ -54,20 +55,16 @@ _PROFILING_OP[OpName.batch_op_issue] = "coalesced"
 
 
 # -- per-communicator metadata (shared by every recorder) -----------------------------------------
+@dataclass(eq=False)
 class CommMeta:
     """How a communicator appears in dumps: name, description, global ranks, pg_id."""
 
-    __slots__ = ("__weakref__", "backend", "desc", "name", "pg_id", "rank", "ranks")
-
-    def __init__(
-        self, name: str, desc: str, ranks: list[int], pg_id: int, backend: str, rank: int
-    ) -> None:
-        self.name = name
-        self.desc = desc
-        self.ranks = ranks
-        self.pg_id = pg_id
-        self.backend = backend
-        self.rank = rank  # this process's rank in the communicator
+    name: str
+    desc: str
+    ranks: list[int]
+    pg_id: int
+    backend: str
+    rank: int  # this process's rank in the communicator
 
     @property
     def global_rank(self) -> int:
