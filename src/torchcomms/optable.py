@@ -263,16 +263,14 @@ def _check_all_gather_v(c: Checker, tensor_list: Any, tensor: Any) -> None:
 def _times_size(what: str, big: str) -> Callable[..., None]:
     """``output``/``input`` where the ``big`` one holds comm_size times the other's elements."""
     small_name = "input" if big == "output" else "output"
+    message = f"{big.capitalize()} tensor size must be {small_name}_size * comm_size for {what}"
+    big_first = big == "output"
 
     def check(c: Checker, output: Any, input: Any, *op: Any) -> None:
         c.tensor(output, "output")
         c.tensor(input, "input")
-        large, small = (output, input) if big == "output" else (input, output)
-        c.numel_eq(
-            large.numel(),
-            small.numel() * c.size,
-            f"{big.capitalize()} tensor size must be {small_name}_size * comm_size for {what}",
-        )
+        large, small = (output, input) if big_first else (input, output)
+        c.numel_eq(large.numel(), small.numel() * c.size, message)
         c.same_dtype(small, [large])
         if op:
             c.reduce_op(op[0], output.dtype)

@@ -54,10 +54,9 @@ def _cold_op(entry: optable.Op) -> Callable[..., TorchWork]:
     """An op without a fast path: its ``CpuOps`` method of the same name, run by ``_run``."""
     method = entry.method
 
-    def dispatch(self: CpuDispatch, *args: Any) -> TorchWork:
-        *op_args, async_op, options = args
-        body = getattr(self._transport(), method)
-        return self._run(options, async_op, body, tuple(op_args))
+    def dispatch(self: CpuDispatch, *args: Any) -> TorchWork:  # (*op's, async_op, options)
+        body = getattr(self._ops or self._transport(), method)
+        return self._run(args[-1], args[-2], body, args[:-2])
 
     dispatch.__name__ = method
     return dispatch
