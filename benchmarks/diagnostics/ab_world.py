@@ -9,7 +9,8 @@ commit before a change, and this one).  Per block, each tree in turn runs one fr
 calls of each op (``--ops``, default all_reduce) per (transport, size) and reports the median
 per-call time of rank 0 (``sendrecv``: rank 0 sends and then receives, rank 1 the reverse,
 one round trip per call; ``barrier`` has no size).  The
-blocks alternate A, B, A, B, … so a shared machine's drift hits both; the result is the
+blocks run A, B, then B, A, and so on, so a shared machine's drift and the order hit both; the
+result is the
 median over blocks per tree and B - A in microseconds and percent.
 """
 
@@ -117,8 +118,10 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     runs: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
-    for _ in range(args.blocks):
-        for tree, src in (("A", args.a_src), ("B", args.b_src)):
+    pair = (("A", args.a_src), ("B", args.b_src))
+    for block in range(args.blocks):
+        # A, B then B, A: whichever runs second in a block finds the machine warmer.
+        for tree, src in pair if block % 2 == 0 else pair[::-1]:
             runs[tree].append(_job(os.path.abspath(src), args.iters, args.ops))
     rows = {}
     for key in runs["A"][0]:
