@@ -340,10 +340,16 @@ def _sent_now(send: Callable[[Any], int], data: Any) -> int | None:
 
 
 def _send(sock: socket.socket, parts: list[bytes | memoryview], total: int) -> bytes | None:
-    """Send without blocking; what did not fit, or None."""
-    sent = _sent_now(sock.sendmsg, parts)
-    if sent is None or sent == total:
-        return None  # None: the peer is gone; its end of the exchange will say so
+    """Send without blocking; what did not fit, or None.  Every small op's path: the
+    non-blocking step is written out here (``_sent_now`` costs a call and a bound method)."""
+    try:
+        sent = sock.sendmsg(parts)
+    except (BlockingIOError, InterruptedError):
+        sent = 0
+    except OSError:
+        return None  # the peer is gone; its end of the exchange will say so
+    if sent == total:
+        return None
     return b"".join(bytes(p) for p in parts)[sent:]
 
 
