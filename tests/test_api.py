@@ -1185,3 +1185,22 @@ def test_import_after_torch_distributed_in_fresh_interpreter() -> None:
         f"rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     )
     assert "FRESH-IMPORT-OK" in proc.stdout
+
+
+def test_an_op_upstream_names_no_hook_class_for_gets_a_generated_one() -> None:
+    """``hook_args.pre_hook_class``: upstream's class where it has one; else a frozen class of
+    the op's pre-hook arguments and ``async_op``, made once."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from torchcomms import hook_args, optable
+
+    all_reduce = optable.BY_NAME[optable.OpName.all_reduce]
+    assert hook_args.pre_hook_class(all_reduce) is hook_args.AllReducePreHookArgs
+    entry = SimpleNamespace(hook_class_name="ScatterSinglePreHookArgs", hook=("input", "output", "root"))
+    cls = hook_args.pre_hook_class(entry)  # type: ignore[arg-type]
+    args = cls(1, 2, 0, False)
+    assert (args.input, args.output, args.root, args.async_op) == (1, 2, 0, False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        args.root = 1
+    assert hook_args.pre_hook_class(entry) is cls  # type: ignore[arg-type]

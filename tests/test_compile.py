@@ -185,10 +185,17 @@ def test_the_op_table_matches_the_methods_it_traces() -> None:
     def all_reduce_without_timeout(self: object, tensor: object, op: object, async_op: bool) -> None:
         pass
 
+    def split(self: object, async_op: bool, hints: object = None, timeout: object = None) -> None:
+        pass  # an OpName, but no op: it has no check
+
+    entries = len(optable.OPS)
     with pytest.raises(RuntimeError, match="must end with async_op, hints, timeout"):
         optable.op(optable.OUT, optable.RED, inputs="tensor", outputs="tensor")(
             all_reduce_without_timeout
         )
+    with pytest.raises(RuntimeError, match=r"split has no checks\.check_split"):
+        optable.op(inputs=None, outputs=None)(split)
+    assert len(optable.OPS) == entries  # a refused declaration adds nothing
 
 
 def test_a_traced_call_binds_arguments_as_the_eager_method_does() -> None:

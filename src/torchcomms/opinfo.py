@@ -98,15 +98,22 @@ def _field_side(entry: optable.Op, side: optable.Side) -> FieldSide:
     return fields[entry.hook.index(side[0])], side[1]
 
 
-def _sides(entry: optable.Op) -> tuple[FieldSide, FieldSide]:
-    inputs, outputs = _field_side(entry, entry.inputs), _field_side(entry, entry.outputs)
-    if entry.p2p:  # c10d records a send's or receive's one tensor on both sides
+#: Each op's (input side, output side) as its pre-hook fields, from the op table.
+IO: dict[OpName, tuple[FieldSide, FieldSide]] = {
+    e.name: (_field_side(e, e.inputs), _field_side(e, e.outputs)) for e in optable.OPS
+}
+P2P_OPS = frozenset(n for n, e in optable.BY_NAME.items() if e.p2p)
+
+
+def _recorded(name: OpName) -> tuple[FieldSide, FieldSide]:
+    inputs, outputs = IO[name]
+    if name in P2P_OPS:  # c10d records a send's or receive's one tensor on both sides
         inputs = outputs = inputs or outputs
     return inputs, outputs
 
 
-#: Each op's (input side, output side), from the op table.
-SIDES: dict[OpName, tuple[FieldSide, FieldSide]] = {e.name: _sides(e) for e in optable.OPS}
+#: Each op's sides as the flight recorder shows them.
+SIDES: dict[OpName, tuple[FieldSide, FieldSide]] = {n: _recorded(n) for n in IO}
 
 
 def _shapes_of(sides: tuple[FieldSide, FieldSide]) -> Callable[[Any], Shapes]:
@@ -145,11 +152,10 @@ def _tensors(args: Any, side: FieldSide) -> list[torch.Tensor]:
 
 def inputs_outputs(name: OpName, args: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The op's input and output tensors (in-place ops: the same tensor on both sides)."""
-    entry = optable.BY_NAME.get(name)
-    if args is None or entry is None or name is OpName.batch_op_issue:
+    sides = IO.get(name)
+    if args is None or sides is None:
         return [], []
-    inputs, outputs = _field_side(entry, entry.inputs), _field_side(entry, entry.outputs)
-    return _tensors(args, inputs), _tensors(args, outputs)
+    return _tensors(args, sides[0]), _tensors(args, sides[1])
 
 
 def key_tensor(name: OpName, args: Any) -> tuple[torch.Tensor | None, bool]:
@@ -158,7 +164,7 @@ def key_tensor(name: OpName, args: Any) -> tuple[torch.Tensor | None, bool]:
     entry = optable.BY_NAME.get(name)
     if entry is None or entry.p2p:
         return None, False
-    inputs, outputs = SIDES[name]
+    inputs, outputs = IO[name]
     agree = not entry.varying
     for side in (inputs, outputs):
         if side is not None and side[1] == optable.ONE:
@@ -185,12 +191,7 @@ def root_or_peer(args: Any) -> int | None:
     return None if peer is None else int(peer)
 
 
-P2P_OPS = frozenset(n for n, e in optable.BY_NAME.items() if e.p2p)
 #: Collectives that read and write one tensor in place (broadcast, all_reduce, reduce).
-IN_PLACE_OPS = frozenset(
-    n for n, (i, o) in SIDES.items() if i is not None and i == o and n not in P2P_OPS
-)
+IN_PLACE_OPS = frozenset(n for n, (i, o) in IO.items() if i is not None and i == o)
 #: Ops whose pre-hook arguments hold their one tensor as ``tensor`` (in place, send, recv).
-ONE_TENSOR_OPS = frozenset(
-    n for n, (i, o) in SIDES.items() if i is not None and i == o and i[0] == "tensor"
-)
+ONE_TENSOR_OPS = frozenset(n for n, (i, o) in IO.items() if (i or o) == ("tensor", optable.ONE))

@@ -152,6 +152,14 @@ class TorchCommBackend:
             "kernels; this backend has none)"
         )
 
+    def gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, root: int, async_op: bool
+    ) -> Any:
+        """Upstream's default: the root views its output as comm_size chunks and gathers."""
+        outs = list(output.view(-1).chunk(self.get_size())) if self.get_rank() == root else []
+        gather = getattr(self, optable.OpName.gather.name)  # a plug-in's, or the refusal
+        return gather(outs, input, root, async_op)
+
     def _not_implemented(self, method: str) -> BackendNotImplementedError:
         return BackendNotImplementedError(
             f"[TorchCommBackend]: {method} not implemented for communicator:{self._safe_name()}"
@@ -176,15 +184,6 @@ def _pure_virtual_op(entry: optable.Op) -> Callable[..., Any]:
     return op
 
 
-def _gather_single(
-    self: TorchCommBackend, output: torch.Tensor, input: torch.Tensor, root: int, async_op: bool
-) -> Any:
-    """Upstream's default: the root views its output as comm_size chunks and gathers."""
-    outs = list(output.view(-1).chunk(self.get_size())) if self.get_rank() == root else []
-    gather = getattr(self, optable.BY_NAME[optable.OpName.gather].method)
-    return gather(outs, input, root, async_op)
-
-
 for _entry in optable.OPS:
-    setattr(TorchCommBackend, _entry.method, _pure_virtual_op(_entry))
-TorchCommBackend.gather_single = _gather_single  # type: ignore[attr-defined]
+    if _entry.method not in vars(TorchCommBackend):  # upstream's defaults stay
+        setattr(TorchCommBackend, _entry.method, _pure_virtual_op(_entry))

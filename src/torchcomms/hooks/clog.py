@@ -86,9 +86,7 @@ def signature(name: OpName, args: Any, call_args: tuple[Any, ...], buffers: bool
     if name is OpName.batch_op_issue:
         parts.append(f"num_ops={args.num_ops}")
     elif entry is not None and (entry.inputs or entry.outputs):
-        inputs, outputs = opinfo.SIDES[name]
-        if entry.p2p:  # a send reads its tensor, a receive writes it
-            inputs, outputs = (inputs, None) if entry.inputs else (None, outputs)
+        inputs, outputs = opinfo.IO[name]
         key, _ = opinfo.key_tensor(name, args)
         if optable.INTS in entry.kinds:  # split sizes instead of counts, no buffers
             parts += [
