@@ -299,3 +299,181 @@ def test_check_mode_off_by_default_and_fake_comm_unchecked() -> None:
         del os.environ["TORCHCOMM_CHECK_COLLECTIVES"]
     comm.finalize()
     checked.finalize()
+
+
+# -- what the observers read off each op: pinned to what they read before the op table ---------
+def _observed_cases() -> tuple[list[tuple[OpName, Any, tuple[Any, ...]]], list[torch.Tensor]]:
+    from torchcomms import hook_args as H
+
+    t4, t8 = torch.zeros(4), torch.zeros(8, dtype=torch.int64)
+    l2 = [torch.zeros(2), torch.zeros(3)]
+    S = ReduceOp.SUM
+    cases = [
+        (OpName.send, H.SendPreHookArgs(t4, 1, False), (t4, 1, False)),
+        (OpName.recv, H.RecvPreHookArgs(t8, 0, True), (t8, 0, True)),
+        (OpName.broadcast, H.BroadcastPreHookArgs(t4, 1, False), (t4, 1, False)),
+        (OpName.all_reduce, H.AllReducePreHookArgs(t4, False), (t4, S, False)),
+        (OpName.reduce, H.ReducePreHookArgs(t8, 0, True), (t8, 0, ReduceOp.MAX, True)),
+        (OpName.all_gather, H.AllGatherPreHookArgs(t4, l2, False), (l2, t4, False)),
+        (OpName.all_gather_v, H.AllGatherVPreHookArgs(t4, l2, False), (l2, t4, False)),
+        (OpName.all_gather_single, H.AllGatherSinglePreHookArgs(t4, t8, False), (t8, t4, False)),
+        (OpName.reduce_scatter, H.ReduceScatterPreHookArgs(l2, t4, False), (t4, l2, S, False)),
+        (OpName.reduce_scatter_v, H.ReduceScatterVPreHookArgs(l2, t4, True), (t4, l2, S, True)),
+        (
+            OpName.reduce_scatter_single,
+            H.ReduceScatterSinglePreHookArgs(t8, t4, False),
+            (t4, t8, S, False),
+        ),
+        (OpName.all_to_all_single, H.AllToAllSinglePreHookArgs(t4, t4, False), (t4, t4, False)),
+        (
+            OpName.all_to_all_v_single,
+            H.AllToAllVSinglePreHookArgs(t4, t8, [1, 3], [2, 2], False),
+            (t8, t4, [2, 2], [1, 3], False),
+        ),
+        (OpName.all_to_all, H.AllToAllPreHookArgs(l2, [t4, t4], False), ([t4, t4], l2, False)),
+        (OpName.all_to_all, H.AllToAllPreHookArgs([], [], False), ([], [], False)),
+        (OpName.barrier, H.BarrierPreHookArgs(True), (True,)),
+        (OpName.scatter, H.ScatterPreHookArgs(t4, l2, 1, False), (t4, l2, 1, False)),
+        (OpName.gather, H.GatherPreHookArgs(t4, l2, 0, False), (l2, t4, 0, False)),
+        (OpName.gather_single, H.GatherSinglePreHookArgs(t4, t8, 1, False), (t8, t4, 1, False)),
+        (OpName.batch_op_issue, H.BatchOpIssuePreHookArgs(3, False), ()),
+    ]
+    return cases, [t4, t8, *l2]
+
+
+#: Per case: clog's line without and with buffers (@i: the i-th of t4, t8, l2[0], l2[1]),
+#: the collective check's key tensor and whether its shape must agree.
+_OBSERVED = [
+    (
+        "send|in_count=4|out_count=0|dtype=f32|peer=1|async_op=f",
+        "send|in_count=4|out_count=0|dtype=f32|peer=1|async_op=f",
+        None,
+        False,
+    ),
+    (
+        "recv|in_count=0|out_count=8|dtype=i64|peer=0|async_op=t",
+        "recv|in_count=0|out_count=8|dtype=i64|peer=0|async_op=t",
+        None,
+        False,
+    ),
+    (
+        "broadcast|in_count=4|out_count=4|dtype=f32|root=1|async_op=f",
+        "broadcast|in_count=4|out_count=4|dtype=f32|buf=@0|root=1|async_op=f",
+        "@0",
+        True,
+    ),
+    (
+        "all_reduce|in_count=4|out_count=4|dtype=f32|red_op=sum|async_op=f",
+        "all_reduce|in_count=4|out_count=4|dtype=f32|buf=@0|red_op=sum|async_op=f",
+        "@0",
+        True,
+    ),
+    (
+        "reduce|in_count=8|out_count=8|dtype=i64|red_op=max|root=0|async_op=t",
+        "reduce|in_count=8|out_count=8|dtype=i64|buf=@1|red_op=max|root=0|async_op=t",
+        "@1",
+        True,
+    ),
+    (
+        "all_gather|in_count=4|out_counts=2,3|dtype=f32|async_op=f",
+        "all_gather|in_count=4|out_counts=2,3|dtype=f32|in=@0|out=@2,@3|async_op=f",
+        "@0",
+        True,
+    ),
+    (
+        "all_gather_v|in_count=4|out_counts=2,3|dtype=f32|async_op=f",
+        "all_gather_v|in_count=4|out_counts=2,3|dtype=f32|in=@0|out=@2,@3|async_op=f",
+        "@0",
+        False,
+    ),
+    (
+        "all_gather_single|in_count=4|out_count=8|dtype=f32|async_op=f",
+        "all_gather_single|in_count=4|out_count=8|dtype=f32|in=@0|out=@1|async_op=f",
+        "@0",
+        True,
+    ),
+    (
+        "reduce_scatter|in_counts=2,3|out_count=4|dtype=f32|red_op=sum|async_op=f",
+        "reduce_scatter|in_counts=2,3|out_count=4|dtype=f32|in=@2,@3|out=@0|red_op=sum|async_op=f",
+        "@0",
+        True,
+    ),
+    (
+        "reduce_scatter_v|in_counts=2,3|out_count=4|dtype=f32|red_op=sum|async_op=t",
+        "reduce_scatter_v|in_counts=2,3|out_count=4|dtype=f32|in=@2,@3|out=@0|red_op=sum|async_op=t",
+        "@0",
+        False,
+    ),
+    (
+        "reduce_scatter_single|in_count=8|out_count=4|dtype=i64|red_op=sum|async_op=f",
+        "reduce_scatter_single|in_count=8|out_count=4|dtype=i64|in=@1|out=@0|red_op=sum|async_op=f",
+        "@0",
+        True,
+    ),
+    (
+        "all_to_all_single|in_count=4|out_count=4|dtype=f32|async_op=f",
+        "all_to_all_single|in_count=4|out_count=4|dtype=f32|in=@0|out=@0|async_op=f",
+        "@0",
+        True,
+    ),
+    (
+        "all_to_all_v_single|in_splits=1,3|out_splits=2,2|dtype=f32|async_op=f",
+        "all_to_all_v_single|in_splits=1,3|out_splits=2,2|dtype=f32|async_op=f",
+        "@0",
+        False,
+    ),
+    (
+        "all_to_all|in_counts=2,3|out_counts=4,4|dtype=f32|async_op=f",
+        "all_to_all|in_counts=2,3|out_counts=4,4|dtype=f32|async_op=f",
+        "@2",
+        False,
+    ),
+    (
+        "all_to_all|in_counts=|out_counts=|dtype=other|async_op=f",
+        "all_to_all|in_counts=|out_counts=|dtype=other|async_op=f",
+        None,
+        False,
+    ),
+    ("barrier|async_op=t", "barrier|async_op=t", None, False),
+    (
+        "scatter|in_counts=2,3|out_count=4|dtype=f32|root=1|async_op=f",
+        "scatter|in_counts=2,3|out_count=4|dtype=f32|in=@2,@3|out=@0|root=1|async_op=f",
+        "@0",
+        True,
+    ),
+    (
+        "gather|in_count=4|out_counts=2,3|dtype=f32|root=0|async_op=f",
+        "gather|in_count=4|out_counts=2,3|dtype=f32|in=@0|out=@2,@3|root=0|async_op=f",
+        "@0",
+        True,
+    ),
+    (
+        "gather_single|in_count=4|out_count=8|dtype=f32|root=1|async_op=f",
+        "gather_single|in_count=4|out_count=8|dtype=f32|in=@0|out=@1|root=1|async_op=f",
+        "@0",
+        True,
+    ),
+    ("batch_op_issue|num_ops=3|async_op=f", "batch_op_issue|num_ops=3|async_op=f", None, False),
+]
+
+
+def test_observers_read_each_op_as_before_the_op_table() -> None:
+    """clog's line and the collective check's key tensor for every op, derived from the op
+    table, equal what the per-op code before it produced (captured from commit e217720)."""
+    import importlib
+
+    from torchcomms import opinfo
+
+    signature = importlib.import_module("torchcomms.hooks.clog").signature
+    cases, tensors = _observed_cases()
+    labels = {hex(t.data_ptr()): f"@{i}" for i, t in enumerate(tensors)}
+    assert len(cases) == len(_OBSERVED)
+    for (name, args, call), (plain, with_buffers, key, agree) in zip(cases, _OBSERVED, strict=True):
+        assert signature(name, args, call, False) == plain, name
+        line = signature(name, args, call, True)
+        for address, label in labels.items():
+            line = line.replace(address, label)
+        assert line == with_buffers, name
+        got, must_agree = opinfo.key_tensor(name, args)
+        got_label = next((f"@{i}" for i, t in enumerate(tensors) if t is got), None)
+        assert (got_label, must_agree) == (key, agree), name

@@ -158,20 +158,28 @@ def inputs_outputs(name: OpName, args: Any) -> tuple[list[torch.Tensor], list[to
     return _tensors(args, sides[0]), _tensors(args, sides[1])
 
 
+def _key(entry: optable.Op) -> FieldSide:
+    """The table's ``key`` as a pre-hook field, else the op's first one-tensor side."""
+    if entry.key is not None:
+        return _field_side(entry, (entry.key, optable.ONE))
+    return next((s for s in IO[entry.name] if s is not None and s[1] == optable.ONE), None)
+
+
+#: Each collective's key tensor (``key_tensor``), as a pre-hook field.
+KEYS: dict[OpName, FieldSide] = {e.name: _key(e) for e in optable.OPS if not e.p2p}
+
+
 def key_tensor(name: OpName, args: Any) -> tuple[torch.Tensor | None, bool]:
-    """The tensor whose shape every rank must agree on, and whether its shape must agree
-    (not where sizes vary by design): the op's one-tensor side, input first."""
-    entry = optable.BY_NAME.get(name)
-    if entry is None or entry.p2p:
+    """The tensor whose shape every rank must agree on (``KEYS``), and whether its shape must
+    agree (not where sizes vary by design; then only its dtype counts).  An op whose sides
+    are lists offers the first input; point-to-point none."""
+    if name not in KEYS:
         return None, False
-    inputs, outputs = IO[name]
-    agree = not entry.varying
-    for side in (inputs, outputs):
-        if side is not None and side[1] == optable.ONE:
-            return getattr(args, side[0]), agree
-    if inputs is None:
-        return None, False
-    listed = getattr(args, inputs[0])
+    key = KEYS[name]
+    if key is not None:
+        return getattr(args, key[0]), not optable.BY_NAME[name].varying
+    inputs = IO[name][0]
+    listed = getattr(args, inputs[0]) if inputs is not None else None
     return (listed[0] if listed else None), False
 
 

@@ -87,21 +87,23 @@ def signature(name: OpName, args: Any, call_args: tuple[Any, ...], buffers: bool
         parts.append(f"num_ops={args.num_ops}")
     elif entry is not None and (entry.inputs or entry.outputs):
         inputs, outputs = opinfo.IO[name]
-        key, _ = opinfo.key_tensor(name, args)
+        in_text, ins = _side(args, inputs, "in")
+        out_text, outs = _side(args, outputs, "out")
+        # The dtype: of the first side that is one tensor, else of the first input.
+        typed = next((v for v in (ins, outs) if isinstance(v, torch.Tensor)), None)
+        if typed is None and ins:
+            typed = ins[0]
         if optable.INTS in entry.kinds:  # split sizes instead of counts, no buffers
             parts += [
                 f"in_splits={','.join(map(str, args.input_split_sizes))}",
                 f"out_splits={','.join(map(str, args.output_split_sizes))}",
-                f"dtype={_dtype(key)}",
+                f"dtype={_dtype(typed)}",
             ]
         else:
-            in_text, ins = _side(args, inputs, "in")
-            out_text, outs = _side(args, outputs, "out")
-            dtype = key if key is not None else (ins if ins is not None else outs)
-            parts += [in_text, out_text, f"dtype={_dtype(dtype)}"]
+            parts += [in_text, out_text, f"dtype={_dtype(typed)}"]
             if entry.p2p:
                 parts.append(f"peer={args.peer}")
-            elif buffers and ins is outs:
+            elif buffers and inputs == outputs:  # in place: one buffer
                 parts.append(f"buf={_addr(ins)}")
             elif buffers and (isinstance(ins, torch.Tensor) or isinstance(outs, torch.Tensor)):
                 parts += [f"in={_addrs(ins)}", f"out={_addrs(outs)}"]

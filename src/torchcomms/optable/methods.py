@@ -166,7 +166,7 @@ class OpMethods:
         """As ``reduce_scatter``, with a size per rank."""
         declared()
 
-    @op(OUT, TENSOR, RED, inputs="input", outputs="output")
+    @op(OUT, TENSOR, RED, inputs="input", outputs="output", key="output")
     def reduce_scatter_single(
         self,
         output: torch.Tensor,

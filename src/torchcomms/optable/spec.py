@@ -106,6 +106,9 @@ class Op:
     varying: bool = False
     #: Has a sync fast path (``CommCore._sync``): the small, latency-bound ops.
     hot: bool = False
+    #: The argument whose shape every rank must agree on (the collective check compares
+    #: it): one rank's part of the data.  ``None``: the first side that is one tensor.
+    key: str | None = None
 
     @property
     def method(self) -> str:
@@ -159,6 +162,7 @@ def op(
     normalizes: bool = False,
     varying: bool = False,
     hot: bool = False,
+    key: str | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Declare the decorated method an op (see the module docstring).
 
@@ -194,6 +198,7 @@ def op(
                 normalizes,
                 varying,
                 hot,
+                key,
             )
         )
         return fn
