@@ -181,6 +181,14 @@ def check_collectives() -> bool:
 
 # -- transport (CPU backend) ---------------------------------------------------------------------
 TRANSPORTS = ("auto", "shm", "tcp")
+RDMA_PATHS = ("auto", "cma", "tcp")
+
+
+def rdma_path() -> str:
+    """``TORCHCOMM_RDMA_PATH``: how ``torchcomms._transport`` reaches a peer of this host
+    (``auto``: cross-memory attach when the peer is local and the kernel permits it, else
+    TCP; ``cma`` insists on it; ``tcp`` always takes the socket)."""
+    return _choice(None, "", "TORCHCOMM_RDMA_PATH", RDMA_PATHS, "auto")
 SHM_SLOT_BYTES_DEFAULT = 1 << 20
 _UNITS = {
     "": 1,

@@ -42,6 +42,11 @@ class CollectiveMismatchError(CommError):
     """Ranks issued different collectives at the same sequence number."""
 
 
+class RemoteAccessError(CommError):
+    """A one-sided access was refused by the memory's owner: a wrong or stale access key (the
+    memory was deregistered), or a range outside the registered memory (``torchcomms._transport``)."""
+
+
 class BackendNotImplementedError(CommError):
     """The backend does not implement the called method (upstream's "pure virtual" error)."""
 

@@ -57,6 +57,7 @@ from torchcomms.ranks import ranks_text
 from torchcomms.store_counts import CountingStore
 from torchcomms.transport import listen
 from torchcomms.transport.gloo.process_group import underlying_tcp_host
+from torchcomms.transport.procs import host_identity
 
 logger = logging.getLogger("torchcomms.bootstrap")
 
@@ -114,20 +115,6 @@ def query_ranksize() -> tuple[int, int]:
                 )
             return found
     raise RuntimeError(RANKSIZE_ERROR)
-
-
-def host_identity() -> str:
-    """This host's identity for locality decisions (``TORCHCOMM_HOST_ID`` overrides it)."""
-    override = config.env_str("TORCHCOMM_HOST_ID")
-    if override:
-        return override
-    boot_id = ""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot_id = f.read().strip()
-    except OSError:
-        pass
-    return f"{socket.gethostname()}/{boot_id}"
 
 
 def _advertised_host(bootstrap: c10d.Store) -> str:
