@@ -44,7 +44,7 @@ from torchcomms.transport.rdma.tcp import TOKEN_BYTES, Server, TcpPeer, memory_a
 URL_VERSION = 1
 
 
-def _advertised_address() -> str:
+def advertised_address() -> str:
     """The address peers on other hosts dial: ``TORCHCOMM_GLOO_HOSTNAME`` (the setting the
     gloo backend reads), else what this host's name resolves to, else loopback."""
     explicit = config.gloo_hostname()
@@ -96,7 +96,7 @@ class RdmaTransport:
         """This end's URL (starts its serving thread on the first call)."""
         with self._lock:
             if self._server is None:
-                address = _advertised_address()
+                address = advertised_address()
                 self._server = Server(address, self._token)
                 url = {
                     "v": URL_VERSION,
