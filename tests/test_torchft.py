@@ -8,10 +8,12 @@ r2 is then restarted: it must rejoin (the quorum grows back to three) and heal (
 survivors' step and weights).  Every committed step's average is checked against the
 participants' values, and the weights of every step against the other replicas'.
 
-Two placements: ``processes`` (one process per replica, as a user runs them) and ``mixed``
+Two placements: ``processes`` (one process per replica, as a user runs them; the restarted
+replica heals through ``torchcomms.ft.RdmaCheckpointTransport``) and ``mixed``
 (r0 and r1 as threads of one process, torchft's test pattern, and r2 a process of its own):
 there the two communicators in one process reconfigure into one group with each other and
-with the one in the other process, and after r2's kill into a group of the two threads.
+with the one in the other process, and after r2's kill into a group of the two threads
+(healing through torchft's default HTTP transport).
 
 Needs torchft (``pip install --no-deps torchft-nightly`` and opentelemetry; see the
 README); skipped where it cannot be imported.
@@ -52,8 +54,12 @@ class _Replica:
         return [s for s in self.proc.steps() if s["rid"] == self.name]
 
 
-@pytest.mark.parametrize("placement", ["processes", "mixed"])
-def test_torchft_replica_killed_and_rejoined(placement: str) -> None:
+@pytest.mark.parametrize(
+    ("placement", "checkpoint"),
+    [("processes", "rdma"), ("mixed", "http")],
+    ids=["processes-rdma", "mixed-http"],
+)
+def test_torchft_replica_killed_and_rejoined(placement: str, checkpoint: str) -> None:
     ctrl = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     lighthouse, address = start_lighthouse(min_replicas=2, join_timeout_ms=1000)
     procs = [lighthouse]
@@ -61,6 +67,7 @@ def test_torchft_replica_killed_and_rejoined(placement: str) -> None:
         env = dict(os.environ)
         env.update(
             TORCHFT_LIGHTHOUSE=address,
+            TORCHFT_TEST_CHECKPOINT=checkpoint,
             TORCHCOMM_ABORT_ON_ERROR="0",
             PYTHONPATH=str(REPO),
             PYTHONUNBUFFERED="1",
@@ -140,6 +147,11 @@ def test_torchft_replica_killed_and_rejoined(placement: str) -> None:
     assert first["start_step"] > back - 1 and first["step"] > back, (first, back)
     assert any("healing required" in line for line in r2b.lines), r2b.lines[-40:]
     assert any("Loaded state dict" in line for line in r2b.lines), r2b.lines[-40:]
+    if checkpoint == "rdma":
+        # It healed through torchcomms.ft.RdmaCheckpointTransport, by cross-memory attach
+        # (the replicas share this host), and every leaf arrived bit for bit.
+        assert any("through cma" in line for line in r2b.lines), r2b.lines[-40:]
+        assert first["healed_extra_ok"] is True, first
     # What happened, for the record (``pytest -s``): the lighthouse's quorum changes and the
     # steps around the kill and the rejoin.
     for line in lighthouse.lines:

@@ -9,12 +9,19 @@ replica]``, value being the replica's number + 1 (r0 → 1.0, r1 → 2.0, r2 →
 ``w``.  One line per step on stdout (``STEP {json}``, its ``rid`` saying whose) tells the
 test what happened; a replica stops once its step reaches the one the test's control store
 holds as ``stop`` (the same for all: none is left waiting for a quorum).
+
+``TORCHFT_TEST_CHECKPOINT=rdma`` heals through ``torchcomms.ft.RdmaCheckpointTransport``
+(else torchft's default, its HTTP transport); the state dict then also carries a tensor of
+each of several dtypes, a non-contiguous one and a non-tensor leaf, all derived from ``w``,
+and each step's record has their digest.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -33,6 +40,7 @@ def replica_manager(
     load_state_dict: Callable[[dict[str, Any]], Any],
     min_replica_size: int,
     wrap: Callable[[Any], Any] | None = None,
+    checkpoint_transport: Any = None,
 ) -> tuple[Any, Any]:
     """A torchft ``Manager`` of one rank over ``ProcessGroupTorchComms`` of a reconfigurable
     ``new_comm("gloo", ...)`` named ``name``, with its own store (what every replica here
@@ -68,6 +76,7 @@ def replica_manager(
         timeout=timedelta(seconds=10),
         quorum_timeout=timedelta(seconds=30),
         connect_timeout=timedelta(seconds=10),
+        checkpoint_transport=checkpoint_transport,
     )
     return manager, pg
 
@@ -75,16 +84,62 @@ def replica_manager(
 _OUT = threading.Lock()
 
 
+def _derived(w: torch.Tensor) -> dict[str, Any]:
+    """Leaves of several dtypes (one large, one non-contiguous) and a non-tensor, from ``w``."""
+    big = torch.arange(1 << 20, dtype=torch.float32) * w.sum()
+    return {
+        "bf16": (w * 1.37).to(torch.bfloat16),
+        "f64": w.double() / 3,
+        "i64": (w * 1000).to(torch.int64),
+        "bool": w > 1,
+        "big": big,
+        "strided": big[: 1 << 12].reshape(64, 64).t(),
+        "note": f"w sum {w.sum().item()}",
+    }
+
+
+def _digest(sd: dict[str, Any]) -> str:
+    h = hashlib.sha256()
+    for key in sorted(sd):
+        value = sd[key]
+        if isinstance(value, torch.Tensor):
+            h.update(f"{key}:{value.dtype}:{tuple(value.shape)}".encode())
+            h.update(value.contiguous().view(torch.uint8).numpy().tobytes())
+        else:
+            h.update(f"{key}={value!r}".encode())
+    return h.hexdigest()
+
+
 def run(replica_id: str, ctrl_port: int) -> None:
     """One replica's loop (a thread of its own where several share the process)."""
     ctrl = TCPStore("127.0.0.1", ctrl_port, is_master=False, timeout=timedelta(seconds=60))
     w = torch.zeros(4)
+    extra: dict[str, Any] = {}
+    transport = None
+    if os.environ.get("TORCHFT_TEST_CHECKPOINT") == "rdma":
+        from torchcomms.ft import RdmaCheckpointTransport
+
+        transport = RdmaCheckpointTransport(timedelta(seconds=10))
+
+    def state_dict() -> dict[str, Any]:
+        sd: dict[str, Any] = {"w": w.clone()}
+        if transport is not None:
+            sd["extra"] = _derived(w)
+        return sd
+
+    def load_state_dict(sd: dict[str, Any]) -> None:
+        w.copy_(sd["w"])
+        if "extra" in sd:
+            extra["digest"] = _digest(sd["extra"])
+            extra["ok"] = extra["digest"] == _digest(_derived(sd["w"]))
+
     manager, pg = replica_manager(
         f"ft_{replica_id}",
         replica_id,
-        state_dict=lambda: {"w": w.clone()},
-        load_state_dict=lambda sd: w.copy_(sd["w"]),
+        state_dict=state_dict,
+        load_state_dict=load_state_dict,
         min_replica_size=2,
+        checkpoint_transport=transport,
     )
     comm = pg.comm
     ctrl.set(f"ready/{replica_id}", "1")
@@ -114,6 +169,10 @@ def run(replica_id: str, ctrl_port: int) -> None:
                 i for i in range(3) if round(grad[1 + i].item() * manager.num_participants()) == 1
             ],
             "w": w.tolist(),
+            # What the last heal loaded besides w: its digest, and whether it is bit for bit
+            # what the healthy replica derived from the w it sent.
+            "healed_extra": extra.get("digest"),
+            "healed_extra_ok": extra.get("ok"),
             "comm": [comm.get_rank(), comm.get_size()],
         }
         with _OUT:  # one write per line: threads sharing stdout do not interleave
