@@ -188,7 +188,12 @@ class CmaPeer:
         deadline: float,
         what: str,
     ) -> None:
-        fd = self._fd_take()
+        try:
+            fd = self._fd_take()
+        except OSError as exc:
+            if not self.alive():
+                raise self.dead_error(what) from None
+            raise RemoteAccessError(f"{what}: the table of {self.owner} is gone: {exc}") from None
         try:
             while not range_lock(fd, slot, fcntl.F_RDLCK):
                 # Held only while the owner frees this slot (a moment), unless it stopped.

@@ -28,12 +28,14 @@ serving threads pin; peers' threads lock byte ranges of the file.
 from __future__ import annotations
 
 import atexit
+import bisect
 import contextlib
 import fcntl
 import logging
 import os
 import secrets
 import struct
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -136,6 +138,8 @@ class Registry:
         self._lock = threading.Lock()
         self._unpinned = threading.Condition(self._lock)
         self._slots: dict[int, Registration] = {}
+        #: Live registrations by start address (sorted), to find one that covers a range.
+        self._starts: list[tuple[int, int]] = []
         self._free: list[int] = []
         self._quarantine: list[Registration] = []
         self._next_slot = 0
@@ -173,7 +177,11 @@ class Registry:
         ptr, nbytes = tensor.data_ptr(), tensor.nbytes
         with self._lock:
             fd = self._table()
-            for reg in self._slots.values():
+            # The live registration starting nearest below ``ptr`` (one nested inside a later,
+            # larger one may hide that one: then this registers anew, which is still right).
+            at = bisect.bisect_right(self._starts, (ptr, sys.maxsize)) - 1
+            if at >= 0:
+                reg = self._slots[self._starts[at][1]]
                 if not reg.closing and reg.covers(ptr, nbytes):
                     reg.users += 1
                     return reg, True
@@ -183,6 +191,7 @@ class Registry:
                 slot, self._next_slot = self._next_slot, self._next_slot + 1
             reg = Registration(self, slot, tensor)
             self._slots[slot] = reg
+            bisect.insort(self._starts, (reg.ptr, slot))
             if (slot + 1) * SLOT_BYTES > os.fstat(fd).st_size:
                 os.ftruncate(fd, max(4096, 2 * (slot + 1) * SLOT_BYTES))
             self._write_slot(slot, LIVE, reg)
@@ -209,6 +218,7 @@ class Registry:
             if reg.users > 0:
                 return
             reg.closing = True
+            self._starts.remove((reg.ptr, reg.slot))
             self._write_slot(reg.slot, CLOSING, reg)
         if not self._free_slot(reg, time.monotonic() + _RELEASE_WAIT_S):
             with self._lock:
