@@ -1,8 +1,7 @@
 """This process's registered memory, and the table through which peers check an access.
 
 Every registration gets a slot in a per-process table file under ``/dev/shm`` (mode 0600,
-named like a shm segment, ``torchcomm-<pid>-rdma<token>``, so a dead owner's table is swept
-with its segments).  A slot holds ``state, token, ptr, len`` (four ``u64``).  The access key
+``torchcomm-rdma-<pid>-<token>``; a dead owner's table is swept when the next one is made).  A slot holds ``state, token, ptr, len`` (four ``u64``).  The access key
 of a registration is ``<instance>.<slot>.<token>``: the instance names this process's table,
 the token is fresh per registration, so a key of freed memory, of another process, or a
 made-up one never matches a live slot.
@@ -44,6 +43,7 @@ from typing import Any
 import torch
 
 from torchcomms.errors import RemoteAccessError
+from torchcomms.transport.procs import process_alive
 from torchcomms.transport.shm import segment
 
 logger = logging.getLogger("torchcomms.transport.rdma.registry")
@@ -55,6 +55,24 @@ FREE, LIVE, CLOSING = 0, 1, 2
 #: How long a deregistration waits for accessors before it quarantines the memory.
 _RELEASE_WAIT_S = 1.0
 _FLOCK = "hhqqi"  # struct flock: l_type, l_whence, l_start, l_len, l_pid
+#: Table files: ``torchcomm-rdma-<owner pid>-<token>`` under ``/dev/shm``.
+TABLE_PREFIX = f"{segment.PREFIX}rdma-"
+
+
+def _sweep_stale_tables() -> None:
+    """Unlink this user's tables whose owner process is gone (killed before its atexit)."""
+    try:
+        entries = os.listdir(segment.SHM_DIR)
+    except OSError:
+        return
+    for entry in entries:
+        pid = entry[len(TABLE_PREFIX) :].partition("-")[0]
+        if not entry.startswith(TABLE_PREFIX) or not pid.isdigit() or process_alive(int(pid)):
+            continue
+        path = os.path.join(segment.SHM_DIR, entry)
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_uid == os.getuid():
+                os.unlink(path)
 
 
 def range_lock(fd: int, slot: int, kind: int, blocking: bool = False) -> bool:
@@ -149,8 +167,8 @@ class Registry:
 
     def _table(self) -> int:
         if self._fd < 0:
-            segment.sweep_stale()
-            name = f"{segment.PREFIX}{os.getpid()}-rdma{secrets.token_hex(8)}"
+            _sweep_stale_tables()
+            name = f"{TABLE_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
             path = os.path.join(segment.SHM_DIR, name)
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             self.table_path = path
