@@ -404,7 +404,7 @@ def test_owner_killed_mid_read_is_named_and_writer_killed_mid_write_harms_nothin
     me.close()
 
     # A writer dies while it writes 256 MiB into this process's memory: only bytes it wrote
-    # changed, each as sent; the guards either side held; the next peer is served.
+    # changed, each as sent; the guards either side held; over TCP the next peer is served.
     space = torch.zeros(OWNER_BYTES + 2 * GUARD, dtype=torch.uint8)
     space[:GUARD] = 7
     space[-GUARD:] = 7
@@ -426,6 +426,8 @@ def test_owner_killed_mid_read_is_named_and_writer_killed_mid_write_harms_nothin
     assert torch.equal(inbox[changed], pattern(OWNER_BYTES)[changed])
     assert bool((space[:GUARD] == 7).all() and (space[-GUARD:] == 7).all())
     serve.close()
+    if path == "cma":
+        return  # no serving thread took part: there is nothing the writer's death could break
     reader = _Peer("client", env)
     peers.append(reader)
     serve2 = RdmaTransport("cpu")
