@@ -14,6 +14,7 @@ import os
 import sys
 
 from torchcomms.bench import launch, metrics, ops, runner
+from torchcomms.bench import mpi as mpib
 
 DEFAULTS = {"min_bytes": "8", "max_bytes": "16M", "factor": 8, "iters": 20, "warmup": 5}
 QUICK = {"min_bytes": "8", "max_bytes": "1M", "factor": 32, "iters": 5, "warmup": 2}
@@ -62,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
         "the window ops put,get run only when named)",
     )
     p.add_argument(
-        "--vs", choices=("gloo",), help="also time raw ProcessGroupGloo (alternating blocks)"
+        "--vs",
+        help="also time baselines, alternating blocks: gloo (raw ProcessGroupGloo), mpi "
+        "(MPI's own ops through mpi4py; run under mpirun), or gloo,mpi",
     )
     p.add_argument("--json", dest="json_path", metavar="PATH", help="write the results as JSON")
     p.add_argument(
@@ -147,10 +150,23 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, runner.Settings]:
             "--plot needs matplotlib, which is not installed: "
             "pip install matplotlib (or pip install 'torchcomms-py[plot]')"
         )
+    baselines = {b.strip() for b in (args.vs or "").split(",") if b.strip()}
+    if baselines - {"gloo", "mpi"}:
+        parser.error(f"--vs takes gloo, mpi or gloo,mpi (got {args.vs!r})")
+    if "mpi" in baselines:
+        if args.nproc is not None:
+            parser.error("--vs mpi runs under mpirun, which starts the ranks: drop --nproc")
+        why = mpib.missing()
+        if why is not None:  # the rest of the run goes on without the MPI column
+            print(f"torchcomms.bench: --vs mpi skipped: {why}", file=sys.stderr)
+            baselines.discard("mpi")
+        elif not mpib.launched():
+            parser.error(f"--vs mpi: {mpib.LAUNCH_HINT}")
     settings = runner.Settings(
         ops=specs,
         sizes=sizes,
-        vs_gloo=args.vs == "gloo",
+        vs_gloo="gloo" in baselines,
+        vs_mpi="mpi" in baselines,
         timeout_s=args.timeout,
         **{name: getattr(args, name) for name in _AS_GIVEN},
     )

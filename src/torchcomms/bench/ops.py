@@ -3,7 +3,7 @@
 Each ``OpSpec`` says how many elements a row of ``S`` bytes means, the bus-bandwidth
 factor, the memory traffic of the copy-in/copy-out model (for the ceiling column), and
 how to build a ``Case``: integer-valued inputs, the expected output, and the call on a
-``TorchComm`` and on a raw ``ProcessGroupGloo``.  One harness (``runner``) runs them all.
+``TorchComm``, on a raw ``ProcessGroupGloo`` and, for ``--vs mpi``, MPI's own operation.  One harness (``runner``) runs them all.
 
 Input patterns are small integers (at most 80, or powers of two for ``prod``), exact in
 every supported dtype, so checks are bit-exact comparisons.
@@ -19,6 +19,7 @@ import torch
 import torch._C._distributed_c10d as c10d
 
 from torchcomms import ReduceOp, TorchComm
+from torchcomms.bench import mpi as mpib
 from torchcomms.bench import window_ops
 
 DTYPES: dict[str, torch.dtype] = {
@@ -73,6 +74,8 @@ class Case:
     reset: Callable[[], None] = _noop  # restore inputs/outputs before a checked run
     wrong: Callable[[], int] = _zero  # elements of this rank's output that differ
     corrupt: Callable[[], None] = _noop  # test switch: damage this rank's output
+    #: MPI's own operation on the same buffers (``--vs mpi``); None where MPI has none.
+    mpi: Callable[[Any], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,7 @@ def _compared(
     reset: Callable[[], None],
     out: torch.Tensor,
     expected: torch.Tensor,
+    mpi: Callable[[Any], None] | None = None,
 ) -> Case:
     """A case checked by comparing ``out`` with ``expected`` (its test switch damages ``out``)."""
     return Case(
@@ -164,6 +168,7 @@ def _compared(
         reset=reset,
         wrong=lambda: _mismatches(out, expected),
         corrupt=_bump(out),
+        mpi=mpi,
     )
 
 
@@ -181,6 +186,7 @@ def _in_place_reduction(
     rooted: bool,
     ours_on: Callable[[TorchComm, torch.Tensor], None],
     gloo_on: Callable[[Any, torch.Tensor], None],
+    mpi_on: Callable[[Any, Any], None],
 ) -> Case:
     """Shared by all_reduce and reduce: the API is in place; out-of-place copies in first,
     then runs the op on the buffer (``ours_on(comm, buf)``, ``gloo_on(pg, buf)``)."""
@@ -208,7 +214,21 @@ def _in_place_reduction(
             buf.copy_(src)
         gloo_on(pg, buf)
 
-    return Case(ours=ours, gloo=gloo, reset=reset, wrong=wrong, corrupt=_bump(buf))
+    view = mpib.buffer(buf, reduce=True)
+
+    def mpi(world: Any) -> None:
+        if not p.in_place:
+            buf.copy_(src)
+        mpi_on(world, view)
+
+    return Case(
+        ours=ours,
+        gloo=gloo,
+        reset=reset,
+        wrong=wrong,
+        corrupt=_bump(buf),
+        mpi=mpi if view is not None else None,
+    )
 
 
 def _noop_comm(_: Any) -> None:
@@ -226,7 +246,10 @@ def _build_all_reduce(p: CaseParams) -> Case:
         o.reduceOp = gop
         pg.allreduce([buf], o).wait()
 
-    return _in_place_reduction(p, False, ours, gloo)
+    def mpi(world: Any, view: Any) -> None:
+        world.Allreduce(mpib.in_place(), view, mpib.op(p.redop))
+
+    return _in_place_reduction(p, False, ours, gloo, mpi)
 
 
 def _build_reduce(p: CaseParams) -> Case:
@@ -241,7 +264,13 @@ def _build_reduce(p: CaseParams) -> Case:
         o.rootRank = p.root
         pg.reduce([buf], o).wait()
 
-    return _in_place_reduction(p, True, ours, gloo)
+    def mpi(world: Any, view: Any) -> None:
+        if p.rank == p.root:
+            world.Reduce(mpib.in_place(), view, mpib.op(p.redop), p.root)
+        else:
+            world.Reduce(view, None, mpib.op(p.redop), p.root)
+
+    return _in_place_reduction(p, True, ours, gloo, mpi)
 
 
 def _build_broadcast(p: CaseParams) -> Case:
@@ -268,7 +297,14 @@ def _build_broadcast(p: CaseParams) -> Case:
         o.rootRank = p.root
         pg.broadcast([buf], o).wait()
 
-    return _compared(ours, gloo, reset, buf, expected)
+    view = mpib.buffer(buf, reduce=False)
+
+    def mpi(world: Any) -> None:
+        if not p.in_place and is_root:
+            buf.copy_(src)
+        world.Bcast(view, p.root)
+
+    return _compared(ours, gloo, reset, buf, expected, mpi)
 
 
 def _build_all_gather(p: CaseParams) -> Case:
@@ -288,7 +324,13 @@ def _build_all_gather(p: CaseParams) -> Case:
     def gloo(pg: Any) -> None:
         pg._allgather_base(out, inp, c10d.AllgatherOptions()).wait()
 
-    return _compared(ours, gloo, reset, out, expected)
+    out_view = mpib.buffer(out, reduce=False)
+    in_view = mpib.in_place() if p.in_place else mpib.buffer(inp, reduce=False)
+
+    def mpi(world: Any) -> None:
+        world.Allgather(in_view, out_view)
+
+    return _compared(ours, gloo, reset, out, expected, mpi)
 
 
 def _build_reduce_scatter(p: CaseParams) -> Case:
@@ -313,7 +355,15 @@ def _build_reduce_scatter(p: CaseParams) -> Case:
         o.reduceOp = gop
         pg._reduce_scatter_base(out, inp, o).wait()
 
-    return _compared(ours, gloo, reset, out, expected)
+    # MPI's in-place form puts the result at the buffer's start, not at this rank's chunk:
+    # only the out-of-place form compares like for like.
+    in_view, out_view = mpib.buffer(inp, reduce=True), mpib.buffer(out, reduce=True)
+
+    def mpi(world: Any) -> None:
+        world.Reduce_scatter_block(in_view, out_view, mpib.op(p.redop))
+
+    fits = not p.in_place and in_view is not None
+    return _compared(ours, gloo, reset, out, expected, mpi if fits else None)
 
 
 def _build_all_to_all(p: CaseParams) -> Case:
@@ -335,7 +385,12 @@ def _build_all_to_all(p: CaseParams) -> Case:
     def gloo(pg: Any) -> None:
         pg.alltoall_base(out, inp, [], [], c10d.AllToAllOptions()).wait()
 
-    return _compared(ours, gloo, reset, out, expected)
+    in_view, out_view = mpib.buffer(inp, reduce=False), mpib.buffer(out, reduce=False)
+
+    def mpi(world: Any) -> None:
+        world.Alltoall(in_view, out_view)
+
+    return _compared(ours, gloo, reset, out, expected, None if p.in_place else mpi)
 
 
 def _build_sendrecv(p: CaseParams) -> Case:
@@ -343,7 +398,8 @@ def _build_sendrecv(p: CaseParams) -> Case:
     payload = _payload(0, p.count, p.dtype)
     got = torch.empty_like(payload)
     if p.rank > 1:
-        return Case(ours=_noop_comm, gloo=_noop_comm)
+        return Case(ours=_noop_comm, gloo=_noop_comm, mpi=_noop_comm)
+    sent, back = mpib.buffer(payload, reduce=False), mpib.buffer(got, reduce=False)
 
     def reset() -> None:
         got.zero_()
@@ -358,6 +414,10 @@ def _build_sendrecv(p: CaseParams) -> Case:
             pg.send([payload], 1, _P2P_TAG).wait()
             pg.recv([got], 1, _P2P_TAG).wait()
 
+        def mpi(world: Any) -> None:
+            world.Send(sent, 1, _P2P_TAG)
+            world.Recv(back, 1, _P2P_TAG)
+
     else:
 
         def ours(comm: TorchComm) -> None:
@@ -368,7 +428,11 @@ def _build_sendrecv(p: CaseParams) -> Case:
             pg.recv([got], 0, _P2P_TAG).wait()
             pg.send([got], 0, _P2P_TAG).wait()
 
-    return _compared(ours, gloo, reset, got, payload)
+        def mpi(world: Any) -> None:
+            world.Recv(back, 0, _P2P_TAG)
+            world.Send(back, 0, _P2P_TAG)
+
+    return _compared(ours, gloo, reset, got, payload, mpi)
 
 
 def _build_barrier(p: CaseParams) -> Case:
@@ -378,7 +442,10 @@ def _build_barrier(p: CaseParams) -> Case:
     def gloo(pg: Any) -> None:
         pg.barrier(c10d.BarrierOptions()).wait()
 
-    return Case(ours=ours, gloo=gloo)
+    def mpi(world: Any) -> None:
+        world.Barrier()
+
+    return Case(ours=ours, gloo=gloo, mpi=mpi)
 
 
 def _per_rank(n: int) -> int:

@@ -3,8 +3,9 @@
 Rows and cells are plain dicts (the JSON schema is the data model):
 
 * row: ``op size count type redop root busbw_factor out_of_place in_place``
-* cell (one placement): ``ours gloo ours_fr_off ratio fr_overhead_us ceiling_algbw_GBps
-  pct_ceiling`` (absent parts are ``null``)
+* cell (one placement): ``ours gloo ours_fr_off ratio mpi mpi_ratio fr_overhead_us
+  ceiling_algbw_GBps pct_ceiling`` (absent parts are ``null``; ``ratio`` is gloo's p50 over
+  ours, ``mpi_ratio`` MPI's)
 * stats: ``p50_us mean_us p99_us min_us max_us algbw_GBps busbw_GBps wrong iters``
 """
 
@@ -29,7 +30,7 @@ _LEAD: tuple[tuple[str, str, int], ...] = (
 )
 
 
-def _cell_columns(vs_gloo: bool, fr: bool) -> list[tuple[str, str, int]]:
+def _cell_columns(vs_gloo: bool, fr: bool, vs_mpi: bool = False) -> list[tuple[str, str, int]]:
     cols = [
         ("time", "(us)", 10),
         ("p99", "(us)", 10),
@@ -40,6 +41,8 @@ def _cell_columns(vs_gloo: bool, fr: bool) -> list[tuple[str, str, int]]:
     ]
     if vs_gloo:
         cols += [("gloo", "(us)", 10), ("ratio", "", 7)]
+    if vs_mpi:
+        cols += [("mpi", "(us)", 10), ("mpi/us", "", 7)]
     if fr:
         cols += [("fr+", "(us)", 10)]
     return cols
@@ -51,8 +54,10 @@ def _num(value: float | None, digits: int) -> str:
     return f"{value:.{digits}f}"
 
 
-def _cell_values(cell: dict[str, Any] | None, size: int, vs_gloo: bool, fr: bool) -> list[str]:
-    n = len(_cell_columns(vs_gloo, fr))
+def _cell_values(
+    cell: dict[str, Any] | None, size: int, vs_gloo: bool, fr: bool, vs_mpi: bool = False
+) -> list[str]:
+    n = len(_cell_columns(vs_gloo, fr, vs_mpi))
     if cell is None:
         return ["-"] * n
     ours = cell["ours"]
@@ -68,6 +73,9 @@ def _cell_values(cell: dict[str, Any] | None, size: int, vs_gloo: bool, fr: bool
     if vs_gloo:
         gloo = cell["gloo"]
         values += [_num(gloo["p50_us"] if gloo else None, 2), _num(cell["ratio"], 2)]
+    if vs_mpi:
+        mpi = cell.get("mpi")
+        values += [_num(mpi["p50_us"] if mpi else None, 2), _num(cell.get("mpi_ratio"), 2)]
     if fr:
         values += [_num(cell["fr_overhead_us"], 2)]
     return values
@@ -76,9 +84,10 @@ def _cell_values(cell: dict[str, Any] | None, size: int, vs_gloo: bool, fr: bool
 class Printer:
     """Rank 0's writer: header, per-op table headers, one line per row, summary."""
 
-    def __init__(self, out: TextIO, vs_gloo: bool, fr: bool) -> None:
+    def __init__(self, out: TextIO, vs_gloo: bool, fr: bool, vs_mpi: bool = False) -> None:
         self.out = out
         self.vs_gloo = vs_gloo
+        self.vs_mpi = vs_mpi
         self.fr = fr
 
     def line(self, text: str = "") -> None:
@@ -90,6 +99,7 @@ class Printer:
             f"dtype {settings['dtype']}, redop {settings['redop']}, iters {settings['iters']}, "
             f"warmup {settings['warmup']}, check {settings['check']}, blocks {settings['blocks']}"
             + (", vs gloo" if self.vs_gloo else "")
+            + (", vs mpi" if self.vs_mpi else "")
         )
         self.line(
             f"# host {env['hostname']}: {env['cpu_model']}, {env['usable_cores']} usable cores "
@@ -99,16 +109,20 @@ class Printer:
         self.line(
             f"# transport: ours {env['transport']}; raw gloo baseline "
             f"{env['baseline_transport'] or 'not run (add --vs gloo)'}"
+            + (f"; MPI baseline {env.get('mpi_library')}" if self.vs_mpi else "")
         )
         self.line(
             f"# memory bandwidth (probe {format_size(mem['probe_bytes'])} buffers): "
             f"copy {mem['copy_1p_GBps']:.2f} GB/s (1 proc) {mem['copy_np_GBps']:.2f} GB/s "
             f"({mem['procs']} procs), add {mem['add_1p_GBps']:.2f} / {mem['add_np_GBps']:.2f} GB/s"
         )
-        self.line("# time = p50 of the per-iteration max over ranks; ratio = gloo p50 / ours p50")
+        self.line(
+            "# time = p50 of the per-iteration max over ranks; ratio = gloo p50 / ours p50"
+            + ("; mpi/us = MPI p50 / ours p50" if self.vs_mpi else "")
+        )
 
     def op_header(self, name: str, factor_text: str, ceiling_text: str) -> None:
-        cells = _cell_columns(self.vs_gloo, self.fr)
+        cells = _cell_columns(self.vs_gloo, self.fr, self.vs_mpi)
         cell_width = sum(w for _, _, w in cells)
         lead_width = sum(w for _, _, w in _LEAD)
         self.line()
@@ -132,9 +146,9 @@ class Printer:
             str(row["root"]),
         ]
         text = "".join(v.rjust(w) for v, (_, _, w) in zip(lead, _LEAD, strict=True))
-        widths = [w for _, _, w in _cell_columns(self.vs_gloo, self.fr)]
+        widths = [w for _, _, w in _cell_columns(self.vs_gloo, self.fr, self.vs_mpi)]
         for key, _ in PLACEMENTS:
-            values = _cell_values(row[key], row["size"], self.vs_gloo, self.fr)
+            values = _cell_values(row[key], row["size"], self.vs_gloo, self.fr, self.vs_mpi)
             text += "".join(v.rjust(w) for v, w in zip(values, widths, strict=True))
         self.line(text)
 
@@ -149,15 +163,18 @@ class Printer:
             self.line(f"# Out of bounds values : {wrong_total} {status}")
         else:
             self.line("# Out of bounds values : not checked (-c 0)")
-        ratios = [
-            cell["ratio"]
-            for row in rows
-            for key, _ in PLACEMENTS
-            if (cell := row[key]) is not None and cell["ratio"] is not None
-        ]
-        if ratios:
-            geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-            self.line(f"# ratio gloo/ours (geometric mean over {len(ratios)} cells): {geo:.3f}")
+        for field, who in (("ratio", "gloo"), ("mpi_ratio", "mpi")):
+            ratios = [
+                cell[field]
+                for row in rows
+                for key, _ in PLACEMENTS
+                if (cell := row[key]) is not None and cell.get(field) is not None
+            ]
+            if ratios:
+                geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+                self.line(
+                    f"# ratio {who}/ours (geometric mean over {len(ratios)} cells): {geo:.3f}"
+                )
 
 
 def progress(text: str) -> None:

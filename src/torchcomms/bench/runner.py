@@ -29,7 +29,9 @@ from torchcomms import ReduceOp, TorchComm, config, new_comm
 from torchcomms.backends.cpu import bootstrap
 from torchcomms.bench import env as envmod
 from torchcomms.bench import memprobe, metrics, report
+from torchcomms.bench import mpi as mpib
 from torchcomms.bench.ops import DTYPES, CaseParams, OpSpec
+from torchcomms.transport import listen
 from torchcomms.transport.gloo import process_group as gloo
 
 CORRUPT_ENV = "TORCHCOMM_BENCH_CORRUPT"  # test-only: damage one rank's checked output
@@ -58,6 +60,7 @@ class Settings:
     quick: bool
     json_path: str | None
     plot_path: str | None
+    vs_mpi: bool = False
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -70,7 +73,8 @@ class Settings:
             "redop": self.redop,
             "root": self.root,
             "backend": self.backend,
-            "vs": "gloo" if self.vs_gloo else None,
+            "vs": ",".join(n for n, on in (("gloo", self.vs_gloo), ("mpi", self.vs_mpi)) if on)
+            or None,
             "fr_overhead": self.fr_overhead,
             "blocks": self.blocks,
             "timeout_s": self.timeout_s,
@@ -80,16 +84,21 @@ class Settings:
 
 @dataclass
 class _Impl:
-    """One implementation under test: ``ours``/``ours_fr_off`` (a TorchComm) or ``gloo`` (a raw PG)."""
+    """One implementation under test: ``ours``/``ours_fr_off`` (a TorchComm), ``gloo`` (a raw
+    PG) or ``mpi`` (mpi4py's ``COMM_WORLD``)."""
 
     name: str
     target: Any
 
 
 # -- set-up ----------------------------------------------------------------------------------------
-def _job_store(rank: int, size: int, timeout: timedelta) -> Any:
-    """The store all ranks share: torchrun's agent store, or one rank 0 serves on MASTER_PORT."""
+def _job_store(rank: int, size: int, timeout: timedelta, over_mpi: bool) -> Any:
+    """The store all ranks share: torchrun's agent store, or one rank 0 serves on MASTER_PORT
+    (under mpirun without MASTER_PORT: on a port rank 0 picks and sends by MPI_Bcast)."""
     addr, port = config.master_addr_port()
+    if (not addr or port is None) and over_mpi:
+        addr = addr or "127.0.0.1"
+        port = mpib.share_port(listen.free_master_port(addr) if rank == 0 else None)
     if not addr or port is None:
         raise RuntimeError("MASTER_ADDR and MASTER_PORT must be set (or run with --nproc N)")
     if config.torchelastic_agent_store() or rank != 0:
@@ -165,6 +174,10 @@ class _Bound:
     target: Any
 
 
+def _no_mpi(world: Any) -> None:
+    """MPI has no such operation for this case (its cell says ``-``): nothing is timed."""
+
+
 def _checked_run(case: Any, impl: _Bound, corrupt: bool) -> int:
     case.reset()
     impl.call(impl.target)
@@ -179,18 +192,21 @@ def _measure(
     impls: list[_Impl],
     settings: Settings,
     comm: TorchComm,
-) -> tuple[list[list[float]], list[int], list[float]]:
+) -> tuple[list[list[float]], list[int], list[float], bool]:
     """Per-iteration max-over-ranks times (s) per impl, #wrong per impl summed over ranks, and
     per impl the CPU time all ranks spent (every thread) divided by the wall time of the timed
-    loops: how many cores the op kept busy while it ran (waiting included)."""
+    loops: how many cores the op kept busy while it ran (waiting included); and whether MPI
+    has this case (the same on every rank: it depends on the op, dtype and placement)."""
     case = spec.build(params)
-    bound = [_Bound(i.name, case.gloo if i.name == "gloo" else case.ours, i.target) for i in impls]
+    calls = {"gloo": case.gloo, "mpi": case.mpi or _no_mpi}
+    bound = [_Bound(i.name, calls.get(i.name, case.ours), i.target) for i in impls]
     corrupt_rank = spec.checked_rank(params.nranks, params.root)
     corrupt = os.environ.get(CORRUPT_ENV, "") not in ("", "0") and corrupt_rank == params.rank
     wrong = [0] * len(bound)
     if settings.check:
         for k, impl in enumerate(bound):
-            wrong[k] += _checked_run(case, impl, corrupt and impl.name == "ours")
+            if impl.call is not _no_mpi:
+                wrong[k] += _checked_run(case, impl, corrupt and impl.name == "ours")
     for impl in bound:
         for _ in range(settings.warmup):
             impl.call(impl.target)
@@ -211,7 +227,8 @@ def _measure(
         order.reverse()  # ABBA: neither implementation always runs first after a switch
     if settings.check:
         for k, impl in enumerate(bound):
-            wrong[k] += _checked_run(case, impl, corrupt and impl.name == "ours")
+            if impl.call is not _no_mpi:
+                wrong[k] += _checked_run(case, impl, corrupt and impl.name == "ours")
     flat = torch.tensor([t for ts in times for t in ts], dtype=torch.float64)
     comm.all_reduce(flat, ReduceOp.MAX, False)
     wrong_t = torch.tensor(wrong, dtype=torch.int64)
@@ -224,7 +241,7 @@ def _measure(
     n = settings.iters
     maxed = flat.tolist()
     per_impl = [maxed[k * n : (k + 1) * n] for k in range(len(bound))]
-    return per_impl, [int(w) for w in wrong_t], busy
+    return per_impl, [int(w) for w in wrong_t], busy, case.mpi is not None
 
 
 def _stats(
@@ -248,6 +265,7 @@ def _cell(
     wrong: list[int],
     mem_bw: float | None,
     checked: bool,
+    has_mpi: bool = True,
 ) -> dict[str, Any]:
     factor = spec.busbw_factor(nranks)
     by_name = {
@@ -258,6 +276,7 @@ def _cell(
     }
     ours = by_name["ours"]
     gloo = by_name.get("gloo")
+    mpi = by_name.get("mpi") if has_mpi else None
     fr_off = by_name.get("ours_fr_off")
     ceiling = None
     pct = None
@@ -269,6 +288,8 @@ def _cell(
         "gloo": gloo,
         "ours_fr_off": fr_off,
         "ratio": metrics.ratio(gloo["p50_us"], ours["p50_us"]) if gloo else None,
+        "mpi": mpi,
+        "mpi_ratio": metrics.ratio(mpi["p50_us"], ours["p50_us"]) if mpi else None,
         "fr_overhead_us": ours["p50_us"] - fr_off["p50_us"] if fr_off else None,
         "ceiling_algbw_GBps": ceiling,
         "pct_ceiling": pct,
@@ -311,7 +332,7 @@ def _open_session(settings: Settings) -> _Session:
     if settings.root >= size:
         raise ValueError(f"--root {settings.root} is out of range for {size} ranks")
     timeout = timedelta(seconds=settings.timeout_s)
-    store = _job_store(rank, size, timeout)
+    store = _job_store(rank, size, timeout, settings.vs_mpi)
     comm = new_comm(
         settings.backend,
         torch.device("cpu"),
@@ -329,9 +350,12 @@ def _open_session(settings: Settings) -> _Session:
     if settings.vs_gloo:
         pg, baseline_desc = _gloo_baseline(dist.PrefixStore("gloo", store), rank, size, timeout)
         impls.append(_Impl("gloo", pg))
+    if settings.vs_mpi:
+        impls.append(_Impl("mpi", mpib.world()))
     transport = str(getattr(comm.get_backend_impl(), "transport", "") or settings.backend)
     command = os.environ.get(COMMAND_ENV) or " ".join(["python -m torchcomms.bench", *sys.argv[1:]])
     environment = envmod.capture(command, size, transport, baseline_desc)
+    environment["mpi_library"] = mpib.library() if settings.vs_mpi else None
     return _Session(rank, size, comm, impls, environment)
 
 
@@ -342,7 +366,9 @@ def _run_rank(settings: Settings) -> int:
     mem = _memory_probe(session.comm, rank, session.size, settings.quick)
     printer = None
     if rank == 0:
-        printer = report.Printer(sys.stdout, settings.vs_gloo, settings.fr_overhead)
+        printer = report.Printer(
+            sys.stdout, settings.vs_gloo, settings.fr_overhead, vs_mpi=settings.vs_mpi
+        )
         printer.preamble(settings.describe(), session.environment, mem)
     start = time.monotonic()
     rows, wrong_total = _sweep(settings, session, mem, printer)
@@ -414,9 +440,13 @@ def _sweep(
                 params = CaseParams(
                     rank, size, count, dtype, settings.redop, settings.root, in_place
                 )
-                times, wrong, busy = _measure(spec, params, session.impls, settings, session.comm)
+                times, wrong, busy, has_mpi = _measure(
+                    spec, params, session.impls, settings, session.comm
+                )
                 wrong_total += sum(wrong) if checked else 0
-                cell = _cell(spec, nbytes, size, session.impls, times, wrong, mem_bw, checked)
+                cell = _cell(
+                    spec, nbytes, size, session.impls, times, wrong, mem_bw, checked, has_mpi
+                )
                 for impl, cores in zip(session.impls, busy, strict=True):
                     if cell.get(impl.name) is not None:
                         cell[impl.name]["cpu_cores_busy"] = cores
