@@ -1,11 +1,9 @@
-"""Cross-memory attach: one copy between this process and a peer of the same host.
+"""The one-sided transport's same-host path: cross-memory attach (``transport.cma``) to a peer.
 
-``process_vm_readv`` / ``process_vm_writev`` copy straight between two address spaces, the
-kernel walking the peer's pages: no shared mapping of the user's tensor is needed (any
-tensor can be registered), no socket is on the data path and the peer's code takes no part.
-The kernel allows it where this process may ptrace the peer (same user, and Yama's
-``ptrace_scope`` 0, or root); ``CmaPeer.probe`` finds out at connect, and the transport falls
-back to TCP where it is refused (``docs/windows.md``).
+No shared mapping of the user's tensor is needed (any tensor can be registered), no socket is
+on the data path and the peer's code takes no part.  ``CmaPeer.probe`` finds out at connect
+whether the kernel permits it; the transport falls back to TCP where it is refused
+(``docs/one-sided.md``).
 
 Every access checks the owner's table slot under a shared lock (``registry``), so a wrong or
 stale key is refused and deregistration waits for the copy.  The peer's liveness comes from a
@@ -24,9 +22,10 @@ import os
 import select
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from torchcomms.errors import CommTimeoutError, PeerFailureError, RemoteAccessError
+from torchcomms.transport import cma
 from torchcomms.transport.procs import process_alive
 from torchcomms.transport.rdma.registry import SLOT_BYTES, check_slot, parse_key, range_lock
 
@@ -34,34 +33,7 @@ from torchcomms.transport.rdma.registry import SLOT_BYTES, check_slot, parse_key
 PARALLEL_MIN_BYTES = 8 << 20
 #: The unit of that sharing: a piece is locked, checked and copied on its own.
 _PIECE_BYTES = 4 << 20
-#: The most bytes one system call moves (the kernel caps a call near 2 GiB).
-_CALL_MAX_BYTES = 1 << 30
 _MAX_THREADS = 4
-
-
-class _Iovec(ctypes.Structure):
-    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-
-
-def _libc_call(name: str) -> Callable[..., int] | None:
-    try:
-        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
-    except (OSError, AttributeError):
-        return None
-    fn.restype = ctypes.c_ssize_t
-    fn.argtypes = [
-        ctypes.c_int,
-        ctypes.POINTER(_Iovec),
-        ctypes.c_ulong,
-        ctypes.POINTER(_Iovec),
-        ctypes.c_ulong,
-        ctypes.c_ulong,
-    ]
-    return fn
-
-
-_READV = _libc_call("process_vm_readv")
-_WRITEV = _libc_call("process_vm_writev")
 
 
 def _threads() -> int:
@@ -86,7 +58,7 @@ class CmaPeer:
     def probe(self, addr: int, expect: bytes) -> str | None:
         """Open the peer's table and pidfd and read ``expect``'s bytes at ``addr`` in the peer;
         ``None`` when that works, else why not (then the caller takes TCP)."""
-        if _READV is None or _WRITEV is None:
+        if not cma.available():
             return "process_vm_readv is not available"
         try:
             self._pidfd = os.pidfd_open(self.pid) if hasattr(os, "pidfd_open") else -1
@@ -97,11 +69,9 @@ class CmaPeer:
         except OSError as exc:
             return f"the peer's registration table is not reachable: {exc}"
         got = ctypes.create_string_buffer(len(expect))
-        local = _Iovec(ctypes.addressof(got), len(expect))
-        remote = _Iovec(addr, len(expect))
-        n = _READV(self.pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
-        if n != len(expect):
-            return f"process_vm_readv refused: {os.strerror(ctypes.get_errno())}"
+        _, err = cma.copy(False, self.pid, ctypes.addressof(got), addr, len(expect))
+        if err:
+            return f"process_vm_readv refused: {os.strerror(err)}"
         if got.raw != expect:
             return "the pid names another process (another pid namespace)"
         return None
@@ -213,23 +183,14 @@ class CmaPeer:
             self._fd_give(fd)
 
     def _syscalls(self, write: bool, local: int, remote: int, nbytes: int, what: str) -> None:
-        call = _WRITEV if write else _READV
-        assert call is not None
-        done = 0
-        while done < nbytes:
-            n = min(nbytes - done, _CALL_MAX_BYTES)
-            liov = _Iovec(local + done, n)
-            riov = _Iovec(remote + done, n)
-            got = call(self.pid, ctypes.byref(liov), 1, ctypes.byref(riov), 1, 0)
-            if got <= 0:
-                err = ctypes.get_errno()
-                if err == errno.ESRCH or not self.alive():
-                    raise self.dead_error(what)
-                raise RemoteAccessError(
-                    f"{what}: process_vm_{'writev' if write else 'readv'} failed after "
-                    f"{done} bytes: {os.strerror(err)}"
-                )
-            done += got
+        done, err = cma.copy(write, self.pid, local, remote, nbytes)
+        if err:
+            if err == errno.ESRCH or not self.alive():
+                raise self.dead_error(what)
+            raise RemoteAccessError(
+                f"{what}: process_vm_{'writev' if write else 'readv'} failed after "
+                f"{done} bytes: {os.strerror(err)}"
+            )
 
     def close(self) -> None:
         with self._fds_lock:
