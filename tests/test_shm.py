@@ -68,6 +68,7 @@ COMM_TIMEOUT = timedelta(seconds=60)
 #: for every dtype, chunked for 8-byte dtypes (1024 per 8 KiB slot); 5000: chunked for >= 2 bytes.
 SIZES = (1, 7, 300, 1025, 5000)
 
+
 def sentinel(n: int, dtype: torch.dtype) -> torch.Tensor:
     """An output buffer whose elements no expected value has (bool: a fixed pattern)."""
     if dtype is torch.bool:
@@ -1119,3 +1120,54 @@ def test_bad_sizes_wait_policy_segments_and_platform_raise_clear_errors(
         assert torch.equal(t, torch.ones(3))
     finally:
         comm.finalize()
+
+
+# -------------------------------------------------- single copy (large all_gather, all_to_all)
+def _chunk(src: int, dst: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """What rank ``src`` sends rank ``dst``: small integers, exact in every dtype."""
+    vals = torch.arange(numel, dtype=torch.int64) * 7 + src * 1000 + dst
+    return (vals % 2).to(dtype) if dtype == torch.bool else (vals % 120).to(dtype)
+
+
+def _single_copy(ctx: RankContext, disable_on: int) -> dict[str, Any]:
+    """Large all_gather and all_to_all (every path into ``cpu.shm.single_copy``), every dtype,
+    out of place and in place; then a communicator on which one rank turned the path off."""
+    me, n = ctx.rank, ctx.world_size
+    got: dict[str, Any] = {}
+    for label, off in (("on", False), ("one_rank_off", me == disable_on)):
+        if off:
+            os.environ["TORCHCOMM_SHM_SINGLE_COPY"] = "0"
+        comm = _shm(ctx, f"single_{label}")
+        os.environ.pop("TORCHCOMM_SHM_SINGLE_COPY", None)
+        wrong = []
+        for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.bool):
+            per = ((96 << 10) + 3) // torch.empty(0, dtype=dtype).element_size() + 1
+
+            mine = _chunk(me, 0, per, dtype)
+            want = torch.cat([_chunk(r, 0, per, dtype) for r in range(n)])
+            out = torch.zeros(n * per, dtype=dtype)
+            comm.all_gather_single(out, mine, False)
+            wrong += [f"all_gather {dtype}"] if not torch.equal(out, want) else []
+            inplace = torch.zeros(n * per, dtype=dtype)
+            inplace[me * per : (me + 1) * per] = mine
+            comm.all_gather_single(inplace, inplace[me * per : (me + 1) * per], False)
+            wrong += [f"all_gather in place {dtype}"] if not torch.equal(inplace, want) else []
+            inp = torch.cat([_chunk(me, d, per, dtype) for d in range(n)])
+            want = torch.cat([_chunk(s, me, per, dtype) for s in range(n)])
+            out = torch.zeros_like(inp)
+            comm.all_to_all_single(out, inp, False)
+            wrong += [f"all_to_all {dtype}"] if not torch.equal(out, want) else []
+            comm.all_to_all_single(inp, inp, False)
+            wrong += [f"all_to_all in place {dtype}"] if not torch.equal(inp, want) else []
+        single = comm.get_backend_impl()._ops.coll.single.usable  # type: ignore[attr-defined]
+        got[label] = {"wrong": wrong, "single_copy": single}
+        comm.finalize()
+    return got
+
+
+def test_large_all_gather_and_all_to_all_copy_once_and_agree_to_fall_back() -> None:
+    results = run_ranks(_single_copy, 3, 2, timeout=120)
+    for rank, res in enumerate(results):
+        assert res["on"] == {"wrong": [], "single_copy": True}, (rank, res)
+        # One rank said no: every rank took the slot path, with the same results.
+        assert res["one_rank_off"] == {"wrong": [], "single_copy": False}, (rank, res)

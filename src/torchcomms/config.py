@@ -184,6 +184,13 @@ TRANSPORTS = ("auto", "shm", "tcp")
 RDMA_PATHS = ("auto", "cma", "tcp")
 
 
+def shm_single_copy() -> bool:
+    """``TORCHCOMM_SHM_SINGLE_COPY`` (default on): large all_gather and all_to_all over shared
+    memory copy once, between the ranks' address spaces; off on any rank turns it off for the
+    communicator that rank makes."""
+    return env_bool("TORCHCOMM_SHM_SINGLE_COPY", True)
+
+
 def rdma_path() -> str:
     """``TORCHCOMM_RDMA_PATH``: how ``torchcomms._transport`` reaches a peer of this host
     (``auto``: cross-memory attach when the peer is local and the kernel permits it, else

@@ -13,7 +13,9 @@ reads, and copies or reduces straight from the peers' slots with torch kernels:
 * reduce: the same, with only the root reducing or gathering;
 * broadcast / scatter: the root writes, the others read; gather the reverse;
 * all_gather, reduce_scatter and all_to_all move a column block of every rank's
-  contribution per round, as one strided copy or reduction when sizes are even.
+  contribution per round, as one strided copy or reduction when sizes are even; large
+  all_gather and uniform all_to_all copy once, straight between the ranks' address spaces
+  (``cpu.shm.single_copy``).
 
 All tensors handed in are contiguous CPU tensors (the backend stages others).  The
 first round of every op carries a fingerprint of (op, dtype, sizes, root): a member that
@@ -38,6 +40,7 @@ import torch
 from torchcomms import fingerprint as F
 from torchcomms.backends.cpu.reductions import BINARY, BINARY_BOOL, reduce_rows
 from torchcomms.backends.cpu.shm.oneshot import OneShot
+from torchcomms.backends.cpu.shm.single_copy import SingleCopy
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
 from torchcomms.transport.shm.channel import ShmChannel
@@ -68,6 +71,7 @@ class ShmCollectives:
         self.rank = chan.rank
         self.size = chan.size
         self.oneshot = OneShot(chan, oneshot_max, check)
+        self.single = SingleCopy(chan)
 
     # -- reductions --------------------------------------------------------------------------
     def all_reduce(self, flat: torch.Tensor, op: ReduceOp, deadline: Deadline) -> None:
@@ -344,6 +348,9 @@ class ShmCollectives:
         n = inp.numel()
         dtype = inp.dtype
         fp = F.make(F.ALL_GATHER, dtype, n) if self._enter() else None
+        if self.single.wanted(n * dtype.itemsize, fp, deadline):
+            self.single.all_gather(out, inp, fp, deadline)
+            return
         cap = chan.slot_capacity(dtype)
         for start in range(0, n, cap):
             c = min(cap, n - start)
@@ -399,6 +406,9 @@ class ShmCollectives:
             fp = F.make(F.ALL_TO_ALL, dtype, n) if self._enter() else None
             if n == 0:
                 self._check_round(fp, deadline, "all_to_all")
+                return
+            if self.single.wanted(n * item, fp, deadline):
+                self.single.all_to_all(out, inp, n, fp, deadline)
                 return
             src2d, dst2d = inp.view(size, n), out.view(size, n)
             for start in range(0, n, per):

@@ -293,7 +293,9 @@ class ShmOps(CpuOps):
             self.coll.empty(F.ALL_GATHER, input.dtype, deadline)
             return
         src = host_flat(input)
-        if output.is_cpu and not overlaps(output, src):
+        if output.is_cpu and (not overlaps(output, src) or _own_row(output, src, self.rank)):
+            # In place (``input`` is this rank's row of ``output``) needs no copy: both paths
+            # read a row of this rank's input before anything writes that row.
             self.coll.all_gather(output.view(self.size, -1), src, deadline)
             return
         with on_host(output) as host:
@@ -383,3 +385,14 @@ class ShmOps(CpuOps):
                     op.tensor.copy_(staged)
 
         return complete
+
+
+def _own_row(output: torch.Tensor, src: torch.Tensor, rank: int) -> bool:
+    """Whether ``src`` is exactly row ``rank`` of the flat, contiguous ``output``."""
+    n = src.numel()
+    return (
+        output.is_contiguous()
+        and output.numel() >= (rank + 1) * n
+        and src.data_ptr() == output.data_ptr() + rank * n * src.element_size()
+        and src.dtype == output.dtype
+    )

@@ -1,0 +1,157 @@
+"""Large all_gather and all_to_all in one copy per byte, by cross-memory attach.
+
+The slot path copies every byte into the sender's slot and out again on each receiver; for
+large messages that is two extra passes over memory, and it is what kept these two ops behind
+MPI (whose shared-memory transport copies once).  Here every rank publishes the address of its
+input in one round, reads its peers' contributions straight out of their address spaces into
+its output (``transport.cma``), and meets the others once more, so nobody returns (and reuses
+its input) while a peer still reads it: two rounds and one copy, whatever the size.
+
+Used from ``SINGLE_COPY_MIN_BYTES`` per peer, where every rank can read every other: probed
+once per communicator, at the first op that qualifies, in two rounds every rank runs (the
+first carries that op's fingerprint, so a rank that called something else raises there, as on
+the slot path).  ``TORCHCOMM_SHM_SINGLE_COPY=0`` when a rank makes the communicator makes it
+report "cannot", which turns the path off for the whole communicator.  Runs on the op's thread, like the rest of the channel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import secrets
+
+import torch
+
+from torchcomms import config
+from torchcomms.deadline import Deadline
+from torchcomms.fingerprint import Fingerprint
+from torchcomms.ranks import RankMessage, Ranks
+from torchcomms.transport import cma
+from torchcomms.transport.errors import WaitError
+from torchcomms.transport.shm.channel import ShmChannel
+
+#: Bytes each rank moves to each peer from which the single-copy path is taken (measured: at
+#: 2 ranks on the CI's VM it overtakes the slot path between 32 and 64 KiB).
+SINGLE_COPY_MIN_BYTES = 64 << 10
+
+
+class SingleCopy:
+    """The single-copy path of one channel (module docstring)."""
+
+    def __init__(self, chan: ShmChannel) -> None:
+        self.chan = chan
+        self.usable: bool | None = None  # unknown until probed
+        self._token = ctypes.c_int64(secrets.randbits(62))
+        # Read when the communicator is made, like its other settings.
+        self._allowed = config.shm_single_copy() and cma.available()
+
+    def wanted(self, per_peer_bytes: int, fp: Fingerprint | None, deadline: Deadline) -> bool:
+        """Whether an op moving ``per_peer_bytes`` to each peer takes this path (the same
+        answer on every rank: the size is the op's, the probe's verdict is everyone's)."""
+        if per_peer_bytes < SINGLE_COPY_MIN_BYTES or self.chan.size < 2:
+            return False
+        if self.usable is None:
+            self.usable = self._probe(fp, deadline)
+        return self.usable
+
+    def _probe(self, fp: Fingerprint | None, deadline: Deadline) -> bool:
+        chan, me = self.chan, self.chan.rank
+        k = chan.begin(deadline)
+        chan.slot(me, k, torch.int64, 2).copy_(
+            torch.tensor([ctypes.addressof(self._token), self._token.value])
+        )
+        chan.exchange(k, deadline, fp, "a single-copy probe")
+        words = [chan.slot(r, k, torch.int64, 2).tolist() for r in range(chan.size)]
+        chan.finish(k)
+        ok = self._allowed
+        pids = chan.pids
+        for r in range(chan.size):
+            if not ok:
+                break
+            if r != me:
+                got = ctypes.c_int64(0)
+                _, err = cma.copy(False, pids[r], ctypes.addressof(got), words[r][0], 8)
+                ok = err == 0 and got.value == words[r][1]
+        k = chan.begin(deadline)
+        chan.slot(me, k, torch.int64, 1).fill_(1 if ok else 0)
+        chan.exchange(k, deadline, None, "a single-copy probe")
+        verdict = all(int(chan.slot(r, k, torch.int64, 1)) == 1 for r in range(chan.size))
+        chan.finish(k)
+        return verdict
+
+    def _addresses(
+        self, ptr: int, fp: Fingerprint | None, deadline: Deadline, what: str
+    ) -> list[int]:
+        chan = self.chan
+        k = chan.begin(deadline)
+        chan.slot(chan.rank, k, torch.int64, 1).fill_(ptr)
+        chan.exchange(k, deadline, fp, what)
+        addresses = [int(chan.slot(r, k, torch.int64, 1)) for r in range(chan.size)]
+        chan.finish(k)
+        return addresses
+
+    def _done(self, deadline: Deadline, what: str) -> None:
+        """Meet every rank once more: each has finished reading everybody's input."""
+        chan = self.chan
+        k = chan.begin(deadline)
+        chan.exchange(k, deadline, None, what)
+        chan.finish(k)
+
+    def _read(self, r: int, local: int, remote: int, nbytes: int, what: str) -> None:
+        _, err = cma.copy(False, self.chan.pids[r], local, remote, nbytes)
+        if err == errno.ESRCH:
+            text = "{} died (process gone) while this rank read its data {}"
+            raise WaitError("dead", [r], RankMessage(text, Ranks([r]), what))
+        if err:
+            text = "reading the data of {} {} failed: {}"
+            raise WaitError(
+                "peer_failed", [r], RankMessage(text, Ranks([r]), what, os.strerror(err))
+            )
+
+    def _peers(self) -> list[int]:
+        """Every other rank, starting after this one (so ranks do not all read rank 0 first)."""
+        size, me = self.chan.size, self.chan.rank
+        return [(me + i) % size for i in range(1, size)]
+
+    def all_gather(
+        self, out: torch.Tensor, inp: torch.Tensor, fp: Fingerprint | None, deadline: Deadline
+    ) -> None:
+        """``out`` is [size, n]: row r receives rank r's ``inp``."""
+        me = self.chan.rank
+        mine = out[me]
+        if _overlaps(inp, out) and inp.data_ptr() != mine.data_ptr():
+            inp = inp.clone()  # aliasing another row: peers must read what was passed in
+        addresses = self._addresses(inp.data_ptr(), fp, deadline, "all_gather")
+        if inp.data_ptr() != mine.data_ptr():
+            mine.copy_(inp)
+        nbytes = inp.numel() * inp.element_size()
+        for r in self._peers():
+            self._read(r, out[r].data_ptr(), addresses[r], nbytes, "all_gather")
+        self._done(deadline, "all_gather")
+
+    def all_to_all(
+        self,
+        out: torch.Tensor,
+        inp: torch.Tensor,
+        n: int,
+        fp: Fingerprint | None,
+        deadline: Deadline,
+    ) -> None:
+        """Uniform splits of ``n`` elements: chunk r of ``inp`` goes to rank r, chunk r of
+        ``out`` comes from rank r."""
+        me = self.chan.rank
+        if _overlaps(inp, out):
+            inp = inp.clone()  # in place: peers read this rank's input while it writes out
+        addresses = self._addresses(inp.data_ptr(), fp, deadline, "all_to_all")
+        chunk = n * inp.element_size()
+        out2d, in2d = out.view(self.chan.size, n), inp.view(self.chan.size, n)
+        out2d[me].copy_(in2d[me])
+        for r in self._peers():
+            self._read(r, out2d[r].data_ptr(), addresses[r] + me * chunk, chunk, "all_to_all")
+        self._done(deadline, "all_to_all")
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
