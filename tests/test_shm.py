@@ -1130,8 +1130,9 @@ def _chunk(src: int, dst: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _single_copy(ctx: RankContext, disable_on: int) -> dict[str, Any]:
-    """Large all_gather and all_to_all (every path into ``cpu.shm.single_copy``), every dtype,
-    out of place and in place; then a communicator on which one rank turned the path off."""
+    """Large all_gather, all_to_all and broadcast (every path into ``cpu.shm.single_copy``),
+    every dtype, out of place and in place; then a communicator on which one rank turned the
+    path off."""
     me, n = ctx.rank, ctx.world_size
     got: dict[str, Any] = {}
     for label, off in (("on", False), ("one_rank_off", me == disable_on)):
@@ -1159,13 +1160,18 @@ def _single_copy(ctx: RankContext, disable_on: int) -> dict[str, Any]:
             wrong += [f"all_to_all {dtype}"] if not torch.equal(out, want) else []
             comm.all_to_all_single(inp, inp, False)
             wrong += [f"all_to_all in place {dtype}"] if not torch.equal(inp, want) else []
+            root = n - 1
+            want = _chunk(root, 9, per, dtype)
+            buf = want.clone() if me == root else torch.zeros_like(want)
+            comm.broadcast(buf, root, False)
+            wrong += [f"broadcast {dtype}"] if not torch.equal(buf, want) else []
         single = comm.get_backend_impl()._ops.coll.single.usable  # type: ignore[attr-defined]
         got[label] = {"wrong": wrong, "single_copy": single}
         comm.finalize()
     return got
 
 
-def test_large_all_gather_and_all_to_all_copy_once_and_agree_to_fall_back() -> None:
+def test_large_all_gather_all_to_all_and_broadcast_copy_once_and_agree_to_fall_back() -> None:
     results = run_ranks(_single_copy, 3, 2, timeout=120)
     for rank, res in enumerate(results):
         assert res["on"] == {"wrong": [], "single_copy": True}, (rank, res)

@@ -185,8 +185,8 @@ RDMA_PATHS = ("auto", "cma", "tcp")
 
 
 def shm_single_copy() -> bool:
-    """``TORCHCOMM_SHM_SINGLE_COPY`` (default on): large all_gather and all_to_all over shared
-    memory copy once, between the ranks' address spaces; off on any rank turns it off for the
+    """``TORCHCOMM_SHM_SINGLE_COPY`` (default on): large all_gather, all_to_all and broadcast over
+    shared memory copy once, between the ranks' address spaces; off on any rank turns it off for the
     communicator that rank makes."""
     return env_bool("TORCHCOMM_SHM_SINGLE_COPY", True)
 

@@ -14,8 +14,8 @@ reads, and copies or reduces straight from the peers' slots with torch kernels:
 * broadcast / scatter: the root writes, the others read; gather the reverse;
 * all_gather, reduce_scatter and all_to_all move a column block of every rank's
   contribution per round, as one strided copy or reduction when sizes are even; large
-  all_gather and uniform all_to_all copy once, straight between the ranks' address spaces
-  (``cpu.shm.single_copy``).
+  all_gather, uniform all_to_all and broadcast copy once, straight between the ranks' address
+  spaces (``cpu.shm.single_copy``).
 
 All tensors handed in are contiguous CPU tensors (the backend stages others).  The
 first round of every op carries a fingerprint of (op, dtype, sizes, root): a member that
@@ -263,6 +263,9 @@ class ShmCollectives:
             oneshot.broadcast(flat, root, plan, deadline)
             return
         fp = F.make(F.BROADCAST, dtype, n, root) if self._enter() else None
+        if self.single.wanted(n * dtype.itemsize, fp, deadline):
+            self.single.broadcast(flat, root, fp, deadline)
+            return
         for start in range(0, n, cap):
             c = min(cap, n - start)
             if start == 0:  # every rank publishes and checks every fingerprint

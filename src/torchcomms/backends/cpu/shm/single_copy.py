@@ -1,8 +1,10 @@
-"""Large all_gather and all_to_all in one copy per byte, by cross-memory attach.
+"""Large all_gather, all_to_all and broadcast in one copy per byte, by cross-memory attach.
 
 The slot path copies every byte into the sender's slot and out again on each receiver; for
-large messages that is two extra passes over memory, and it is what kept these two ops behind
-MPI (whose shared-memory transport copies once).  Here every rank publishes the address of its
+large messages that is two extra passes over memory, and it is what kept these ops behind
+MPI (whose shared-memory transport copies once).  (Reductions keep the slot path: reading the
+rows into a scratch piece and reducing them measured slower than the slot path's pipelined
+rounds, 29 ms against 22 ms for a 64 MiB all_reduce at 2 ranks.)  Here every rank publishes the address of its
 input in one round, reads its peers' contributions straight out of their address spaces into
 its output (``transport.cma``), and meets the others once more, so nobody returns (and reuses
 its input) while a peer still reads it: two rounds and one copy, whatever the size.
@@ -150,6 +152,16 @@ class SingleCopy:
         for r in self._peers():
             self._read(r, out2d[r].data_ptr(), addresses[r] + me * chunk, chunk, "all_to_all")
         self._done(deadline, "all_to_all")
+
+    def broadcast(
+        self, flat: torch.Tensor, root: int, fp: Fingerprint | None, deadline: Deadline
+    ) -> None:
+        """Every rank but ``root`` reads the root's ``flat`` into its own."""
+        addresses = self._addresses(flat.data_ptr(), fp, deadline, "broadcast")
+        if self.chan.rank != root:
+            nbytes = flat.numel() * flat.element_size()
+            self._read(root, flat.data_ptr(), addresses[root], nbytes, "broadcast")
+        self._done(deadline, "broadcast")
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
