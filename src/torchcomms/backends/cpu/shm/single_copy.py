@@ -1,19 +1,20 @@
 """Large all_gather, all_to_all and broadcast in one copy per byte, by cross-memory attach.
 
 The slot path copies every byte into the sender's slot and out again on each receiver; for
-large messages that is two extra passes over memory, and it is what kept these ops behind
-MPI (whose shared-memory transport copies once).  (Reductions keep the slot path: reading the
-rows into a scratch piece and reducing them measured slower than the slot path's pipelined
-rounds, 29 ms against 22 ms for a 64 MiB all_reduce at 2 ranks.)  Here every rank publishes the address of its
-input in one round, reads its peers' contributions straight out of their address spaces into
-its output (``transport.cma``), and meets the others once more, so nobody returns (and reuses
-its input) while a peer still reads it: two rounds and one copy, whatever the size.
+large messages that is two extra passes over memory, and it is what kept these ops behind MPI
+(whose shared-memory transport copies once).  Here every rank publishes the address of its
+buffer in one round, reads what it needs straight out of its peers' address spaces
+(``transport.cma``), and meets the others once more, so nobody returns (and reuses its buffer)
+while a peer still reads it: two rounds and one copy, whatever the size.  Reductions keep the
+slot path: reading the rows into a scratch piece and reducing them measured slower than its
+pipelined rounds (29 against 22 ms for a 64 MiB all_reduce at 2 ranks).
 
 Used from ``SINGLE_COPY_MIN_BYTES`` per peer, where every rank can read every other: probed
 once per communicator, at the first op that qualifies, in two rounds every rank runs (the
 first carries that op's fingerprint, so a rank that called something else raises there, as on
-the slot path).  ``TORCHCOMM_SHM_SINGLE_COPY=0`` when a rank makes the communicator makes it
-report "cannot", which turns the path off for the whole communicator.  Runs on the op's thread, like the rest of the channel.
+the slot path).  ``TORCHCOMM_SHM_SINGLE_COPY=0``, set when a rank makes the communicator, makes
+that rank report "cannot", which turns the path off for the whole communicator.  Runs on the
+op's thread, like the rest of the channel.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from torchcomms.transport import cma
 from torchcomms.transport.errors import WaitError
 from torchcomms.transport.shm.channel import ShmChannel
 
-#: Bytes each rank moves to each peer from which the single-copy path is taken (measured: at
-#: 2 ranks on the CI's VM it overtakes the slot path between 32 and 64 KiB).
+#: Bytes each rank moves to each peer from which the single-copy path is taken: a first choice,
+#: not yet tuned (two rounds cost about what a 64 KiB copy does on the CI's VM).
 SINGLE_COPY_MIN_BYTES = 64 << 10
 
 
