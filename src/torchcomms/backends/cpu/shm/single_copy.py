@@ -35,7 +35,7 @@ from torchcomms.transport.errors import WaitError
 from torchcomms.transport.shm.channel import ShmChannel
 
 #: Bytes each rank moves to each peer from which the single-copy path is taken: a first choice,
-#: not yet tuned (two rounds cost about what a 64 KiB copy does on the CI's VM).
+#: not yet tuned by measurement (issue 40's notes say what is left).
 SINGLE_COPY_MIN_BYTES = 64 << 10
 
 
