@@ -1142,7 +1142,7 @@ def _single_copy(ctx: RankContext, disable_on: int) -> dict[str, Any]:
         os.environ.pop("TORCHCOMM_SHM_SINGLE_COPY", None)
         wrong = []
         for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.bool):
-            per = ((96 << 10) + 3) // torch.empty(0, dtype=dtype).element_size() + 1
+            per = ((160 << 10) + 3) // torch.empty(0, dtype=dtype).element_size() + 1
 
             mine = _chunk(me, 0, per, dtype)
             want = torch.cat([_chunk(r, 0, per, dtype) for r in range(n)])
@@ -1161,7 +1161,7 @@ def _single_copy(ctx: RankContext, disable_on: int) -> dict[str, Any]:
             comm.all_to_all_single(inp, inp, False)
             wrong += [f"all_to_all in place {dtype}"] if not torch.equal(inp, want) else []
             root = n - 1
-            want = _chunk(root, 9, per, dtype)
+            want = _chunk(root, 9, 16 * per, dtype)
             buf = want.clone() if me == root else torch.zeros_like(want)
             comm.broadcast(buf, root, False)
             wrong += [f"broadcast {dtype}"] if not torch.equal(buf, want) else []

@@ -40,7 +40,7 @@ import torch
 from torchcomms import fingerprint as F
 from torchcomms.backends.cpu.reductions import BINARY, BINARY_BOOL, reduce_rows
 from torchcomms.backends.cpu.shm.oneshot import OneShot
-from torchcomms.backends.cpu.shm.single_copy import SingleCopy
+from torchcomms.backends.cpu.shm.single_copy import BROADCAST_MIN_BYTES, SingleCopy
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
 from torchcomms.transport.shm.channel import ShmChannel
@@ -263,7 +263,7 @@ class ShmCollectives:
             oneshot.broadcast(flat, root, plan, deadline)
             return
         fp = F.make(F.BROADCAST, dtype, n, root) if self._enter() else None
-        if self.single.wanted(n * dtype.itemsize, fp, deadline):
+        if self.single.wanted(n * dtype.itemsize, fp, deadline, BROADCAST_MIN_BYTES):
             self.single.broadcast(flat, root, fp, deadline)
             return
         for start in range(0, n, cap):

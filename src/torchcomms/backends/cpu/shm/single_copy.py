@@ -34,9 +34,12 @@ from torchcomms.transport import cma
 from torchcomms.transport.errors import WaitError
 from torchcomms.transport.shm.channel import ShmChannel
 
-#: Bytes each rank moves to each peer from which the single-copy path is taken: a first choice,
-#: not yet tuned by measurement (issue 40's notes say what is left).
-SINGLE_COPY_MIN_BYTES = 64 << 10
+#: Bytes each rank moves to each peer from which all_gather and all_to_all take the single-copy
+#: path, and the bytes from which broadcast does.  Measured at 2 ranks on the CI's VM (p50, two
+#: runs each way): a tie at 64 KiB per peer, ahead from 128 KiB; broadcast ties with the slot
+#: path up to 1 MiB and is ahead from 4 MiB.
+SINGLE_COPY_MIN_BYTES = 128 << 10
+BROADCAST_MIN_BYTES = 2 << 20
 
 
 class SingleCopy:
@@ -49,10 +52,16 @@ class SingleCopy:
         # Read when the communicator is made, like its other settings.
         self._allowed = config.shm_single_copy() and cma.available()
 
-    def wanted(self, per_peer_bytes: int, fp: Fingerprint | None, deadline: Deadline) -> bool:
+    def wanted(
+        self,
+        per_peer_bytes: int,
+        fp: Fingerprint | None,
+        deadline: Deadline,
+        min_bytes: int = SINGLE_COPY_MIN_BYTES,
+    ) -> bool:
         """Whether an op moving ``per_peer_bytes`` to each peer takes this path (the same
         answer on every rank: the size is the op's, the probe's verdict is everyone's)."""
-        if per_peer_bytes < SINGLE_COPY_MIN_BYTES or self.chan.size < 2:
+        if per_peer_bytes < min_bytes or self.chan.size < 2:
             return False
         if self.usable is None:
             self.usable = self._probe(fp, deadline)
