@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -479,3 +480,26 @@ def test_two_hosts_read_write_refuse_and_name_a_killed_owner(peers: list[_Peer])
         assert NETNS_ADDRS[0] in res["text"], res
         client.send(op="quit")
         client.proc.wait(30)
+
+
+def test_a_dead_owners_table_is_swept_and_a_live_ones_kept() -> None:
+    from torchcomms.transport.rdma.registry import TABLE_PREFIX
+    from torchcomms.transport.shm import segment
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    names = {
+        "dead_table": f"{TABLE_PREFIX}{dead.pid}-test",
+        "live_table": f"{TABLE_PREFIX}{os.getpid()}-test",
+        "dead_segment": f"{segment.PREFIX}{dead.pid}-test",
+    }
+    for name in names.values():
+        open(os.path.join(segment.SHM_DIR, name), "w").close()
+    try:
+        removed = segment.sweep_stale(TABLE_PREFIX)
+        left = {k for k, n in names.items() if os.path.exists(os.path.join(segment.SHM_DIR, n))}
+        assert names["dead_table"] in removed and left == {"live_table", "dead_segment"}, left
+    finally:
+        for name in names.values():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(segment.SHM_DIR, name))

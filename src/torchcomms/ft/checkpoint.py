@@ -41,6 +41,7 @@ from torchcomms._transport import RdmaMemory, RdmaRemoteBuffer, RdmaTransport
 from torchcomms.errors import CommTimeoutError, PeerFailureError
 from torchcomms.transport import listen
 from torchcomms.transport.rdma.transport import advertised_address
+from torchcomms.transport.stream import recv_exact
 
 logger = logging.getLogger("torchcomms.ft.checkpoint")
 
@@ -64,12 +65,8 @@ def _send(sock: socket.socket, obj: object) -> None:
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise ConnectionResetError("connection closed")
-        got += k
+    if not recv_exact(sock, memoryview(buf)):
+        raise ConnectionResetError("connection closed")
     return bytes(buf)
 
 

@@ -43,7 +43,6 @@ from typing import Any
 import torch
 
 from torchcomms.errors import RemoteAccessError
-from torchcomms.transport.procs import process_alive
 from torchcomms.transport.shm import segment
 
 logger = logging.getLogger("torchcomms.transport.rdma.registry")
@@ -57,22 +56,6 @@ _RELEASE_WAIT_S = 1.0
 _FLOCK = "hhqqi"  # struct flock: l_type, l_whence, l_start, l_len, l_pid
 #: Table files: ``torchcomm-rdma-<owner pid>-<token>`` under ``/dev/shm``.
 TABLE_PREFIX = f"{segment.PREFIX}rdma-"
-
-
-def _sweep_stale_tables() -> None:
-    """Unlink this user's tables whose owner process is gone (killed before its atexit)."""
-    try:
-        entries = os.listdir(segment.SHM_DIR)
-    except OSError:
-        return
-    for entry in entries:
-        pid = entry[len(TABLE_PREFIX) :].partition("-")[0]
-        if not entry.startswith(TABLE_PREFIX) or not pid.isdigit() or process_alive(int(pid)):
-            continue
-        path = os.path.join(segment.SHM_DIR, entry)
-        with contextlib.suppress(OSError):
-            if os.stat(path).st_uid == os.getuid():
-                os.unlink(path)
 
 
 def range_lock(fd: int, slot: int, kind: int, blocking: bool = False) -> bool:
@@ -167,7 +150,7 @@ class Registry:
 
     def _table(self) -> int:
         if self._fd < 0:
-            _sweep_stale_tables()
+            segment.sweep_stale(TABLE_PREFIX)
             name = f"{TABLE_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
             path = os.path.join(segment.SHM_DIR, name)
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from torchcomms.errors import CommTimeoutError, PeerFailureError, RemoteAccessError
 from torchcomms.transport import listen
 from torchcomms.transport.rdma.registry import registry
+from torchcomms.transport.stream import recv_exact
 
 logger = logging.getLogger("torchcomms.transport.rdma.tcp")
 
@@ -56,12 +57,8 @@ def memory_at(ptr: int, nbytes: int) -> memoryview:
 
 
 def _recv_exact(sock: socket.socket, view: memoryview) -> None:
-    got = 0
-    while got < len(view):
-        n = sock.recv_into(view[got:])
-        if n == 0:
-            raise ConnectionResetError("connection closed")
-        got += n
+    if not recv_exact(sock, view):
+        raise ConnectionResetError("connection closed")
 
 
 def _recv_bytes(sock: socket.socket, nbytes: int) -> bytes:

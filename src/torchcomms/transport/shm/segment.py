@@ -65,8 +65,9 @@ def unlink(name: str) -> None:
         os.unlink(_path(name))
 
 
-def sweep_stale() -> list[str]:
-    """Unlink this user's segments whose owner process is gone; return their names."""
+def sweep_stale(prefix: str = PREFIX) -> list[str]:
+    """Unlink this user's files named ``<prefix><owner pid>-...`` whose owner process is gone
+    (segments by default; the one-sided transport's tables pass theirs); return their names."""
     removed: list[str] = []
     try:
         entries = os.listdir(SHM_DIR)
@@ -74,9 +75,9 @@ def sweep_stale() -> list[str]:
         return removed
     uid = os.getuid()
     for entry in entries:
-        if not entry.startswith(PREFIX):
+        if not entry.startswith(prefix):
             continue
-        pid_text = entry[len(PREFIX) :].partition("-")[0]
+        pid_text = entry[len(prefix) :].partition("-")[0]
         if not pid_text.isdigit() or process_alive(int(pid_text)):
             continue
         try:

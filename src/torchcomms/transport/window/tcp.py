@@ -37,6 +37,7 @@ from collections.abc import Callable
 
 import torch
 
+from torchcomms.transport.stream import recv_exact
 from torchcomms.transport.window.memory import SignalBlock
 
 logger = logging.getLogger("torchcomms.transport.window.tcp")
@@ -57,17 +58,6 @@ class LinkError(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
-
-
-def _recv_exact(sock: socket.socket, view: memoryview) -> bool:
-    """Fill ``view`` from ``sock`` (blocking, with the socket's timeout); False on EOF."""
-    got = 0
-    while got < len(view):
-        n = sock.recv_into(view[got:])
-        if n == 0:
-            return False
-        got += n
-    return True
 
 
 class _Target:
@@ -165,7 +155,7 @@ class WindowServer:
         """Serve one frame from ``peer``; False once its connection is over."""
         head = bytearray(_HEAD.size)
         try:
-            if not _recv_exact(conn, memoryview(head)):
+            if not recv_exact(conn, memoryview(head)):
                 self._lost(peer)
                 return False
             op, window, offset, nbytes = _HEAD.unpack(head)
@@ -178,7 +168,7 @@ class WindowServer:
             if op == PUT:
                 if fits and target is not None and nbytes:
                     view = target.data[offset : offset + nbytes].numpy().data
-                    if not _recv_exact(conn, view):
+                    if not recv_exact(conn, view):
                         self._lost(peer)
                         return False
                 elif nbytes:
