@@ -117,6 +117,7 @@ def test_cli_flags_defaults_and_quick_mode() -> None:
         (["-n", "0"], "-n must be >= 1"),
         (["--nproc", "2", "--root", "2"], "--root 2 is out of range for 2 ranks"),
         (["--vs", "nccl"], "--vs takes gloo, mpi or gloo,mpi (got 'nccl')"),
+        (["--vs", "mpi", "--nproc", "2"], "--vs mpi runs under mpirun, which starts the ranks"),
         (["--dtype", "complex64"], "invalid choice: 'complex64'"),
         (["--redop", "avg"], "invalid choice: 'avg'"),
         (["-c", "2"], "invalid choice: 2"),

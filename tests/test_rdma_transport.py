@@ -503,3 +503,74 @@ def test_a_dead_owners_table_is_swept_and_a_live_ones_kept() -> None:
         for name in names.values():
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(segment.SHM_DIR, name))
+
+
+def test_forced_paths_and_their_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``TORCHCOMM_RDMA_PATH``: ``tcp`` takes the socket on one host; ``cma`` to a peer of
+    another host (another ``TORCHCOMM_HOST_ID`` when it bound) is refused, saying why; a value
+    that is none of the three is refused."""
+    src = torch.arange(64, dtype=torch.int16)
+    smem = RdmaMemory(src)
+    monkeypatch.setenv("TORCHCOMM_RDMA_PATH", "tcp")
+    a, b = RdmaTransport("cpu"), RdmaTransport("cpu")
+    assert a.connect(b.bind()) == 0 and a.path == "tcp"
+    dst = torch.zeros_like(src)
+    assert a.read(RdmaMemory(dst).to_mutable_view(), smem.to_remote_buffer()) == 0
+    assert torch.equal(dst, src)
+    monkeypatch.setenv("TORCHCOMM_HOST_ID", "elsewhere")
+    far = RdmaTransport("cpu").bind()
+    monkeypatch.delenv("TORCHCOMM_HOST_ID")
+    monkeypatch.setenv("TORCHCOMM_RDMA_PATH", "cma")
+    with pytest.raises(RuntimeError, match="TORCHCOMM_RDMA_PATH=cma, but cross-memory attach"):
+        RdmaTransport("cpu").connect(far)
+    monkeypatch.setenv("TORCHCOMM_RDMA_PATH", "shm")
+    with pytest.raises(RuntimeError, match="TORCHCOMM_RDMA_PATH"):
+        RdmaTransport("cpu").connect(b.bind())
+    a.close()
+    b.close()
+
+
+def test_checkpoint_transport_in_one_process_every_refusal() -> None:
+    """``RdmaCheckpointTransport`` between two instances: mixed leaves bit for bit, in place
+    into the receiver's own tensors, and the refusals: another step, foreign metadata, nothing
+    served within the reader's timeout, a source that shut down."""
+    pytest.importorskip("torchft")
+    from datetime import timedelta
+
+    from torchcomms.errors import CommTimeoutError
+    from torchcomms.errors import PeerFailureError as Gone
+    from torchcomms.ft import RdmaCheckpointTransport
+
+    t = timedelta(seconds=5)
+    src, dst = RdmaCheckpointTransport(t), RdmaCheckpointTransport(t)
+    sd = {
+        "w": torch.randn(3, 5),
+        "h": torch.arange(7, dtype=torch.int64).to(torch.bfloat16),
+        "t": torch.arange(12.0).reshape(3, 4).t(),
+        "e": torch.empty(0),
+        "n": ("x", 3),
+    }
+    src.send_checkpoint([1], 4, sd, t)
+    got = dst.recv_checkpoint(0, src.metadata(), 4, t)
+    assert got["n"] == ("x", 3) and got["e"].numel() == 0
+    for k in ("w", "h", "t"):
+        assert torch.equal(got[k], sd[k]) and got[k].dtype == sd[k].dtype, k
+    mine = {"w": torch.zeros(3, 5), "h": torch.zeros(7, dtype=torch.bfloat16)}
+    into = RdmaCheckpointTransport(t, state_dict=lambda: mine)
+    healed = into.recv_checkpoint(0, src.metadata(), 4, t)
+    assert healed["w"] is mine["w"] and torch.equal(mine["w"], sd["w"])
+    assert healed["h"] is mine["h"] and torch.equal(mine["h"], sd["h"])
+    with pytest.raises(RuntimeError, match="refused step 5: serving step 4, asked for step 5"):
+        dst.recv_checkpoint(0, src.metadata(), 5, t)
+    with pytest.raises(RuntimeError, match="is not the metadata of an RdmaCheckpointTransport"):
+        dst.recv_checkpoint(0, "http://host:1/checkpoint/", 4, t)
+    src.disallow_checkpoint()
+    short = timedelta(seconds=0.5)
+    quick = RdmaCheckpointTransport(short)
+    with pytest.raises(CommTimeoutError, match=r"replica rank 0 \(.*\) did not serve step 4"):
+        quick.recv_checkpoint(0, src.metadata(), 4, short)
+    src.shutdown()
+    with pytest.raises(Gone, match=r"replica rank 0 .* broke"):
+        dst.recv_checkpoint(0, src.metadata(), 4, t)
+    for x in (dst, into, quick):
+        x.shutdown()
