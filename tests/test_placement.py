@@ -10,6 +10,7 @@ Pinned processes are never reused (``fresh=True``): the placement would leak int
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 
 from tests.harness import RankContext, run_ranks
 from torchcomms import ReduceOp, config, new_comm
-from torchcomms.transport import placement
+from torchcomms.transport import core_sharing, placement
 
 CPU = torch.device("cpu")
 
@@ -92,3 +93,57 @@ def test_a_bad_value_is_refused_naming_the_setting() -> None:
             config.cpu_affinity(None)
         finally:
             del os.environ["TORCHCOMM_CPU_AFFINITY"]
+
+
+def _pinned_by_launcher(ctx: RankContext, cores: list[int]) -> dict[str, Any]:
+    os.sched_setaffinity(0, {cores[ctx.rank]})  # as mpirun's binding leaves a rank
+    comm = new_comm("gloo", CPU, name="bound", store=ctx.store)
+    chan = comm.get_backend_impl()._ops.chan  # type: ignore[attr-defined]
+    out = {"oversubscribed": chan.policy.oversubscribed, "unshare": chan.policy.unshare_cores}
+    comm.finalize()
+    return out
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_a_launcher_that_gives_each_rank_its_own_core_is_not_oversubscription() -> None:
+    """Each rank sees one allowed core, but together they have two: the waits may spin.
+    Two ranks bound to one core must share it: no spin, and no stepping off it."""
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    own = run_ranks(_pinned_by_launcher, 2, [first, second], fresh=True)
+    assert all(not r["oversubscribed"] and r["unshare"] for r in own), own
+    shared = run_ranks(_pinned_by_launcher, 2, [first, first], fresh=True)
+    assert all(r["oversubscribed"] and not r["unshare"] for r in shared), shared
+
+
+@pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2 or not core_sharing.AVAILABLE, reason="needs two cores"
+)
+def test_a_thread_on_a_lower_ranks_core_steps_off_it_and_keeps_its_affinity() -> None:
+    """``CoreSharing.check`` with a lower rank's word naming this thread's core: the kernel
+    moves the thread to another allowed core, and its affinity is what it was; once per
+    ``MIN_GAP_S``; a word naming another core moves nothing."""
+    allowed = os.sched_getaffinity(0)
+    core = min(allowed)
+    words = memoryview(bytearray(16)).cast("q")
+    sharing = core_sharing.CoreSharing(words, 0, [1])
+    done: list[tuple[int, int, set[int], int]] = []
+
+    def on_shared_core() -> None:
+        os.sched_setaffinity(0, {core})
+        os.sched_setaffinity(0, allowed)  # free again, but still running on ``core``
+        words[1] = core + 1  # the lower rank runs there
+        sharing.check()
+        moved_to = ctypes.CDLL(None).sched_getcpu()
+        words[1] = moved_to + 1  # it followed at once: too soon to move again
+        sharing.check()
+        done.append((sharing.moves, moved_to, os.sched_getaffinity(0), words[0] - 1))
+
+    thread = threading.Thread(target=on_shared_core)  # a thread of its own: affinity is per thread
+    thread.start()
+    thread.join()
+    moves, moved_to, after, published = done[0]
+    assert moves == 1 and moved_to != core and after == allowed, done
+    assert published == moved_to, done
+    words[1] = 0  # no lower rank known: publish only
+    sharing.check()
+    assert sharing.moves == 1

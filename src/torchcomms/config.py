@@ -191,11 +191,20 @@ def shm_single_copy() -> bool:
     return env_bool("TORCHCOMM_SHM_SINGLE_COPY", True)
 
 
+def shm_unshare_cores() -> bool:
+    """``TORCHCOMM_SHM_UNSHARE_CORES`` (default on): when the ranks of a host have a core each but
+    the scheduler put two on one, the higher rank's waiting thread steps off it
+    (``transport.core_sharing``); nothing stays pinned."""
+    return env_bool("TORCHCOMM_SHM_UNSHARE_CORES", True)
+
+
 def rdma_path() -> str:
     """``TORCHCOMM_RDMA_PATH``: how ``torchcomms._transport`` reaches a peer of this host
     (``auto``: cross-memory attach when the peer is local and the kernel permits it, else
     TCP; ``cma`` insists on it; ``tcp`` always takes the socket)."""
     return _choice(None, "", "TORCHCOMM_RDMA_PATH", RDMA_PATHS, "auto")
+
+
 SHM_SLOT_BYTES_DEFAULT = 1 << 20
 _UNITS = {
     "": 1,

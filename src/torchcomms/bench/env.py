@@ -6,6 +6,7 @@ import datetime
 import os
 import platform
 import socket
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -27,10 +28,10 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def usable_cores() -> int:
-    """Cores this host's ranks run on: what placement spread them over, else this process's
-    affinity (``transport.placement``)."""
-    return placement.usable_cores()
+def usable_cores(pids: Sequence[int] = ()) -> int:
+    """Cores this host's ranks (``pids``) run on: what placement spread them over, else the
+    union of their affinities (``transport.placement``)."""
+    return placement.usable_cores(pids)
 
 
 def load_average() -> list[float]:
@@ -41,10 +42,15 @@ def load_average() -> list[float]:
 
 
 def capture(
-    command: str, world_size: int, transport: str, baseline_transport: str | None
+    command: str,
+    world_size: int,
+    transport: str,
+    baseline_transport: str | None,
+    local_pids: Sequence[int] = (),
 ) -> dict[str, Any]:
-    """Everything that explains an absolute time: CPU, cores, load, versions, transport."""
-    usable = usable_cores()
+    """Everything that explains an absolute time: CPU, cores, load, versions, transport.
+    ``local_pids``: the ranks on this host, whose affinities together give the usable cores."""
+    usable = usable_cores(local_pids)
     try:
         affinity = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -64,7 +70,7 @@ def capture(
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
         "world_size": world_size,
-        "oversubscribed": world_size > usable,
+        "oversubscribed": (len(local_pids) or world_size) > usable,
         "transport": transport,
         "baseline_transport": baseline_transport,
         "fr_buffer_size_env": os.environ.get("TORCHCOMM_FR_BUFFER_SIZE"),

@@ -14,6 +14,7 @@ the exit status.  Everything runs on the main thread; every wait is bounded by `
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 import traceback
@@ -354,9 +355,22 @@ def _open_session(settings: Settings) -> _Session:
         impls.append(_Impl("mpi", mpib.world()))
     transport = str(getattr(comm.get_backend_impl(), "transport", "") or settings.backend)
     command = os.environ.get(COMMAND_ENV) or " ".join(["python -m torchcomms.bench", *sys.argv[1:]])
-    environment = envmod.capture(command, size, transport, baseline_desc)
+    environment = envmod.capture(
+        command, size, transport, baseline_desc, _local_pids(store, rank, size)
+    )
     environment["mpi_library"] = mpib.library() if settings.vs_mpi else None
     return _Session(rank, size, comm, impls, environment)
+
+
+def _local_pids(store: Any, rank: int, size: int) -> list[int]:
+    """The pids of the ranks on this host: the cores they may use together are what the
+    header reports (a launcher may pin each to a core of its own)."""
+    host = socket.gethostname()
+    store.set(f"pid/{rank}", f"{host} {os.getpid()}")
+    keys = [f"pid/{r}" for r in range(size)]
+    store.wait(keys)
+    entries = [store.get(k).decode().rsplit(" ", 1) for k in keys]
+    return [int(pid) for peer_host, pid in entries if peer_host == host]
 
 
 def _run_rank(settings: Settings) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Iterable
 
 logger = logging.getLogger("torchcomms.transport.placement")
 
@@ -70,15 +71,27 @@ def placed_core() -> int | None:
     return _placed_core
 
 
-def usable_cores() -> int:
+def usable_cores(pids: Iterable[int] = ()) -> int:
     """How many cores this host's ranks run on: what ``place`` spread them over, else the
-    cores this process may use."""
+    union of the cores this process and the processes ``pids`` may use.
+
+    The union, not this process's own count: a launcher that pins each rank to a core of
+    its own (``mpirun``'s default binding) leaves every rank one allowed core, yet no two
+    ranks share one.  A peer that has exited, or that this process may not inspect, is
+    left out.
+    """
     if _spread_over is not None:
         return _spread_over
     try:
-        return len(os.sched_getaffinity(0))
+        cores = set(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - non-Linux
         return os.cpu_count() or 1
+    for pid in pids:
+        try:
+            cores |= os.sched_getaffinity(pid)
+        except OSError:  # gone, or not ours to inspect
+            continue
+    return len(cores)
 
 
 def _threads() -> list[int]:

@@ -279,7 +279,7 @@ def listen_p2p(
 ) -> tcp_p2p.P2P:
     """This rank's point-to-point engine (``transport.tcp_p2p``) on ``listener``; a peer
     (``address_of(rank)``: ``(host, port, token)``) is dialled on first use."""
-    policy = WaitPolicy(len(local) + 1)
+    policy = WaitPolicy(len(local) + 1, pids=local.values())
     # Ranks sharing cores: no spin (it would hold a peer's core), but yield for as long
     # as an shm wait does before sleeping in ``poll``.
     spin_s, yield_s = (0.0, policy.yield_s) if policy.oversubscribed else (tcp_p2p.SPIN_S, 0.0)
@@ -311,7 +311,7 @@ def connect_lane(
 
     # Spin before blocking only when this host's members each have a core (``local``: the
     # members on this host, by pid), as the shm wait policy does.
-    spin_s = 0.0 if WaitPolicy(len(local) + 1).oversubscribed else tcp_lane.SPIN_S
+    spin_s = 0.0 if WaitPolicy(len(local) + 1, pids=local.values()).oversubscribed else tcp_lane.SPIN_S
     try:
         return tcp_meet.connect(
             listener.sock,

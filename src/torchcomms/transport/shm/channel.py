@@ -66,6 +66,8 @@ from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint, checked_word, unpack_word
 from torchcomms.fingerprint import mismatch as fingerprint_mismatch
 from torchcomms.ranks import Named, RankMessage, Ranks, Rename
+from torchcomms.transport import core_sharing
+from torchcomms.transport.core_sharing import CoreSharing
 from torchcomms.transport.errors import WaitError
 from torchcomms.transport.shm import futex
 from torchcomms.transport.shm import segment as shm_segment
@@ -83,8 +85,9 @@ _RANK_LINES = 6
 # The DOORBELL line: word 0 is the futex word its owner sleeps on (bumped by whoever wakes
 # it), word 1 says "I may be asleep: ring me after you write a flag", word 2 is the rank's
 # pid (written by the segment's creator, so members learn each other's pids without the
-# store: ``pid_words``).
-_BELL, _ASLEEP, _PID = 0, 1, 2
+# store: ``pid_words``), word 3 the core its waiting thread last ran on, plus one
+# (``transport.core_sharing``).
+_BELL, _ASLEEP, _PID, _CORE = 0, 1, 2, 3
 # Flag lines per ordered pair (src -> dst): SENT/PMETA0/PMETA1 written by src, ACKED by dst.
 SENT, ACKED, PMETA0, PMETA1 = range(4)
 _PAIR_LINES = 4
@@ -186,6 +189,10 @@ class ShmChannel:
             for r in self._peers
         ]
         self._bells_of = dict(zip(self._peers, self._peer_bells, strict=True))
+        self._sharing: CoreSharing | None = None
+        if policy.unshare_cores and core_sharing.AVAILABLE and self.size > 1:
+            core_of = [layout.rank_flag(r, DOORBELL) + _CORE for r in range(self.size)]
+            self._sharing = CoreSharing(self.flags, core_of[rank], core_of[:rank])
         self.all_meta = [[layout.rank_flag(r, META0 + p) for r in range(self.size)] for p in (0, 1)]
         # The checked word of each parity (``write_fingerprint``) sits in the PUBLISHED
         # line, words 1 and 2: a peer reads that line anyway, so checking costs no extra
@@ -479,6 +486,8 @@ class ShmChannel:
                 spins -= 1
                 if spins <= 0 or time.monotonic() >= spin_end:
                     break
+        if self._sharing is not None:  # a peer slower than the spin: is it on this core?
+            self._sharing.check()
         now = time.monotonic()
         yield_until = now + policy.yield_s
         next_check = now + _FIRST_CHECK_S

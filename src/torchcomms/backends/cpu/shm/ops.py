@@ -150,7 +150,7 @@ def open_collectives(
         raise
     with memoryview(mm).cast("q") as words:
         every_pid = [int(words[word]) for word in pid_words(layout)]
-    chan = ShmChannel(mm, layout, rank, every_pid, WaitPolicy(size), describe)
+    chan = ShmChannel(mm, layout, rank, every_pid, WaitPolicy(size, pids=every_pid), describe)
     return ShmCollectives(chan, oneshot, config.mismatch_check())
 
 

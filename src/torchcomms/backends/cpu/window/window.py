@@ -108,7 +108,9 @@ class CpuWindow(WindowBackend):
         self._ctx = ctx
         self._id = window_id
         self._reg: _Registration | None = None
-        self._policy = WaitPolicy(sum(ctx.unified))
+        self._policy = WaitPolicy(
+            sum(ctx.unified), pids=[pid for pid, u in zip(ctx.pids, ctx.unified, strict=True) if u]
+        )
 
     # -- registration ----------------------------------------------------------------------
     def register(self, tensor: torch.Tensor, owning: bool, options: OpOptions) -> torch.Tensor:
