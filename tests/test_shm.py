@@ -1177,3 +1177,50 @@ def test_large_all_gather_all_to_all_and_broadcast_copy_once_and_agree_to_fall_b
         assert res["on"] == {"wrong": [], "single_copy": True}, (rank, res)
         # One rank said no: every rank took the slot path, with the same results.
         assert res["one_rank_off"] == {"wrong": [], "single_copy": False}, (rank, res)
+
+
+def _pair_reductions(ctx: RankContext, disable_on: int) -> dict[str, Any]:
+    """Large all_reduce and reduce between two ranks (``SingleCopy.all_reduce_pair`` and
+    ``reduce_pair``): odd sizes, every op on five dtypes, reduce to either root; then a
+    communicator on which one rank turned the path off."""
+    me = ctx.rank
+    got: dict[str, Any] = {}
+    for label, off in (("on", False), ("one_rank_off", me == disable_on)):
+        if off:
+            os.environ["TORCHCOMM_SHM_SINGLE_COPY"] = "0"
+        comm = _shm(ctx, f"pair_{label}")
+        os.environ.pop("TORCHCOMM_SHM_SINGLE_COPY", None)
+        wrong = []
+        dtypes = (torch.float32, torch.bfloat16, torch.int32, torch.uint8, torch.bool)
+        for dtype in dtypes if label == "on" else (torch.float32,):
+            n = ((2 << 20) + 5) // torch.empty(0, dtype=dtype).element_size() + 1
+            for red in reds_for(dtype) if label == "on" else ("SUM",):
+                inputs = [data(r, n, dtype, red) for r in range(2)]
+                want = reduce_ref(inputs, red, dtype)
+                t = inputs[me].clone()
+                comm.all_reduce(t, make_op(red), False)
+                if not _close(t, want, dtype, red):
+                    wrong.append(f"all_reduce {dtype} {red}")
+                for root in (0, 1):
+                    t = inputs[me].clone()
+                    comm.reduce(t, root, make_op(red), False)
+                    if not _close(t, want if me == root else inputs[me], dtype, red):
+                        wrong.append(f"reduce to {root} {dtype} {red}")
+        single = comm.get_backend_impl()._ops.coll.single.usable  # type: ignore[attr-defined]
+        got[label] = {"wrong": wrong, "single_copy": single}
+        comm.finalize()
+    return got
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, red: str) -> bool:
+    if red == "AVG" and dtype.is_floating_point:
+        rtol, atol = FLOAT_TOL[dtype]
+        return torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol)
+    return torch.equal(got, want)
+
+
+def test_large_reductions_of_two_ranks_read_each_byte_once_and_agree_to_fall_back() -> None:
+    results = run_ranks(_pair_reductions, 2, 0, timeout=180)
+    for rank, res in enumerate(results):
+        assert res["on"] == {"wrong": [], "single_copy": True}, (rank, res)
+        assert res["one_rank_off"] == {"wrong": [], "single_copy": False}, (rank, res)

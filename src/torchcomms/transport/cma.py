@@ -6,7 +6,8 @@ side's code takes no part.  The kernel allows it where this process may ptrace t
 (same user and Yama's ``ptrace_scope`` 0, or root); ``copy`` reports a refusal as its errno.
 
 Used by the one-sided transport (``transport.rdma``) and by the shared-memory collectives for
-large all_gather and all_to_all (``backends.cpu.shm``).  The calls release the GIL.
+large all_gather, all_to_all, broadcast and two-rank reductions (``backends.cpu.shm``).  The
+calls release the GIL.
 """
 
 from __future__ import annotations

@@ -311,7 +311,9 @@ def connect_lane(
 
     # Spin before blocking only when this host's members each have a core (``local``: the
     # members on this host, by pid), as the shm wait policy does.
-    spin_s = 0.0 if WaitPolicy(len(local) + 1, pids=local.values()).oversubscribed else tcp_lane.SPIN_S
+    spin_s = (
+        0.0 if WaitPolicy(len(local) + 1, pids=local.values()).oversubscribed else tcp_lane.SPIN_S
+    )
     try:
         return tcp_meet.connect(
             listener.sock,

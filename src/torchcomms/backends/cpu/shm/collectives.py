@@ -9,8 +9,10 @@ reads, and copies or reduces straight from the peers' slots with torch kernels:
 * all_reduce: one-shot up to ``oneshot_max`` bytes (every rank reduces every slot;
   ``cpu.shm.oneshot``, with reduce and broadcast that fit one round: the latency path);
   above it, per slot-sized chunk, reduce-scatter (rank ``r`` reduces shard ``r`` from
-  all slots into its next slot) then all-gather of the reduced shards;
-* reduce: the same, with only the root reducing or gathering;
+  all slots into its next slot) then all-gather of the reduced shards; between two ranks,
+  from 2 MiB, straight from the peer's tensor (``cpu.shm.single_copy``);
+* reduce: the same, with only the root reducing or gathering (two ranks: the root reads
+  its peer's tensor);
 * broadcast / scatter: the root writes, the others read; gather the reverse;
 * all_gather, reduce_scatter and all_to_all move a column block of every rank's
   contribution per round, as one strided copy or reduction when sizes are even; large
@@ -33,14 +35,18 @@ communicator's executor, or the caller's for a sync op), one op at a time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from torchcomms import fingerprint as F
 from torchcomms.backends.cpu.reductions import BINARY, BINARY_BOOL, reduce_rows
 from torchcomms.backends.cpu.shm.oneshot import OneShot
-from torchcomms.backends.cpu.shm.single_copy import BROADCAST_MIN_BYTES, SingleCopy
+from torchcomms.backends.cpu.shm.single_copy import (
+    BROADCAST_MIN_BYTES,
+    PAIR_REDUCTION_MIN_BYTES,
+    SingleCopy,
+)
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
 from torchcomms.transport.shm.channel import ShmChannel
@@ -82,6 +88,12 @@ class ShmCollectives:
         dtype = flat.dtype
         oneshot = self.oneshot
         key = (dtype, n, op._type._value_)  # an int: an Enum member hashes in Python
+        if n * dtype.itemsize >= PAIR_REDUCTION_MIN_BYTES and self.size == 2:
+            fn = self._pair_kernel(dtype, op)
+            fp = F.make(F.ALL_REDUCE, dtype, n, redop=op) if self.check else None
+            if fn is not None and self.single.wanted(n * dtype.itemsize // 2, fp, deadline, 0):
+                self.single.all_reduce_pair(flat, fn, fp, deadline)
+                return
         plan = oneshot.plans.get(key)
         if plan is None:
             plan = oneshot.plan(dtype, n, op)
@@ -119,10 +131,21 @@ class ShmCollectives:
             oneshot.run(flat, op, plan, deadline, oneshot.reduce_fp(dtype, n, root, op), root)
             return
         fp = F.make(F.REDUCE, dtype, n, root, op) if self._enter() else None
+        if n * dtype.itemsize >= PAIR_REDUCTION_MIN_BYTES and self.size == 2:
+            fn = self._pair_kernel(dtype, op)
+            if fn is not None and self.single.wanted(n * dtype.itemsize, fp, deadline, 0):
+                self.single.reduce_pair(flat, root, fn, fp, deadline)
+                return
         cap = chan.slot_capacity(dtype)
         for start in range(0, n, cap):
             chunk = flat[start : start + cap]
             self._reduce_scatter_gather(chunk, op, fp if start == 0 else None, deadline, root)
+
+    @staticmethod
+    def _pair_kernel(dtype: torch.dtype, op: ReduceOp) -> Callable[..., torch.Tensor] | None:
+        """The binary kernel a large reduction between two ranks combines with on the
+        single-copy path; None (PREMUL_SUM's pre-multiplication) keeps the slot path."""
+        return (BINARY_BOOL if dtype is torch.bool else BINARY).get(op.type)
 
     def _pair_reduce_exchange(
         self, chunk: torch.Tensor, op: ReduceOp, fp: Fingerprint | None, deadline: Deadline

@@ -1,13 +1,18 @@
-"""Large all_gather, all_to_all and broadcast in one copy per byte, by cross-memory attach.
+"""Large collectives in one copy per byte, by cross-memory attach.
 
 The slot path copies every byte into the sender's slot and out again on each receiver; for
 large messages that is two extra passes over memory, and it is what kept these ops behind MPI
 (whose shared-memory transport copies once).  Here every rank publishes the address of its
 buffer in one round, reads what it needs straight out of its peers' address spaces
 (``transport.cma``), and meets the others once more, so nobody returns (and reuses its buffer)
-while a peer still reads it: two rounds and one copy, whatever the size.  Reductions keep the
-slot path: reading the rows into a scratch piece and reducing them measured slower than its
-pipelined rounds (29 against 22 ms for a 64 MiB all_reduce at 2 ranks).
+while a peer still reads it: two rounds and one copy, whatever the size.  all_gather, uniform
+all_to_all and broadcast take it at any world size.  all_reduce and reduce take it between two
+ranks: each rank reads the part it reduces from its peer a cache-sized piece at a time and
+combines it into its own tensor (all_reduce then reads the peer's reduced half, one round
+more).  At 16 MiB and 2 ranks, in place, that halves all_reduce and reduce (8.7 to 4.2-5.5 ms
+and 8.9 to 3.8 ms in one A/B run with ``TORCHCOMM_SHM_SINGLE_COPY=0``; see
+benchmarks/results/issue40/NOTES.md).  With more ranks the reductions keep the slot path, whose rounds spread the reduction
+over every rank.
 
 Used from ``SINGLE_COPY_MIN_BYTES`` per peer, where every rank can read every other: probed
 once per communicator, at the first op that qualifies, in two rounds every rank runs (the
@@ -23,6 +28,7 @@ import ctypes
 import errno
 import os
 import secrets
+from collections.abc import Callable
 
 import torch
 
@@ -40,6 +46,13 @@ from torchcomms.transport.shm.channel import ShmChannel
 #: path up to 1 MiB and is ahead from 4 MiB.
 SINGLE_COPY_MIN_BYTES = 128 << 10
 BROADCAST_MIN_BYTES = 2 << 20
+#: Bytes from which all_reduce and reduce between two ranks take the path (below, one
+#: slot's one-shot round is faster: 100 against 158 us at 512 KiB, 242 against 266 us at
+#: 1 MiB; at 2 MiB 455 against 612 us for two one-shot rounds).
+PAIR_REDUCTION_MIN_BYTES = 2 << 20
+#: A reduction reads its peer's data a piece this big at a time, into a scratch that stays
+#: in cache while the piece is combined (128 KiB to 1 MiB measured alike).
+_PIECE_BYTES = 256 << 10
 
 
 class SingleCopy:
@@ -51,6 +64,7 @@ class SingleCopy:
         self._token = ctypes.c_int64(secrets.randbits(62))
         # Read when the communicator is made, like its other settings.
         self._allowed = config.shm_single_copy() and cma.available()
+        self._scratch: dict[torch.dtype, torch.Tensor] = {}
 
     def wanted(
         self,
@@ -172,6 +186,73 @@ class SingleCopy:
             nbytes = flat.numel() * flat.element_size()
             self._read(root, flat.data_ptr(), addresses[root], nbytes, "broadcast")
         self._done(deadline, "broadcast")
+
+    def all_reduce_pair(
+        self,
+        flat: torch.Tensor,
+        fn: Callable[..., torch.Tensor],
+        fp: Fingerprint | None,
+        deadline: Deadline,
+    ) -> None:
+        """In place between two ranks: each combines into its own copy the half it
+        reduces, read from its peer's a piece at a time; then each reads the peer's
+        reduced half straight into its own (three rounds, each byte read once remotely)."""
+        me, other = self.chan.rank, 1 - self.chan.rank
+        addresses = self._addresses(flat.data_ptr(), fp, deadline, "all_reduce")
+        n, es = flat.numel(), flat.element_size()
+        shard = -(-n // 2)
+        lo, hi = min(me * shard, n), min((me + 1) * shard, n)
+        a, b = min(other * shard, n), min((other + 1) * shard, n)
+        self._combine(flat, lo, hi, other, addresses[other], fn, "all_reduce")
+        self._done(deadline, "all_reduce")  # both halves are reduced
+        if b > a:
+            self._read(
+                other, flat[a:].data_ptr(), addresses[other] + a * es, (b - a) * es, "all_reduce"
+            )
+        self._done(deadline, "all_reduce")
+
+    def reduce_pair(
+        self,
+        flat: torch.Tensor,
+        root: int,
+        fn: Callable[..., torch.Tensor],
+        fp: Fingerprint | None,
+        deadline: Deadline,
+    ) -> None:
+        """Into the root's ``flat`` between two ranks: the root combines its peer's data,
+        read a piece at a time; the peer only waits until it is read (two rounds)."""
+        me, other = self.chan.rank, 1 - self.chan.rank
+        addresses = self._addresses(flat.data_ptr(), fp, deadline, "reduce")
+        if me == root:
+            self._combine(flat, 0, flat.numel(), other, addresses[other], fn, "reduce")
+        self._done(deadline, "reduce")
+
+    def _combine(
+        self,
+        flat: torch.Tensor,
+        lo: int,
+        hi: int,
+        peer: int,
+        remote: int,
+        fn: Callable[..., torch.Tensor],
+        what: str,
+    ) -> None:
+        """``flat[lo:hi] = fn(flat[lo:hi], the peer's [lo:hi])``, a cache-sized piece at a time."""
+        es = flat.element_size()
+        piece = max(_PIECE_BYTES // es, 1)
+        scratch = self._scratch_of(flat.dtype, piece)
+        for s in range(lo, hi, piece):
+            e = min(s + piece, hi)
+            part = scratch[: e - s]
+            self._read(peer, part.data_ptr(), remote + s * es, (e - s) * es, what)
+            mine = flat[s:e]
+            fn(mine, part, out=mine)
+
+    def _scratch_of(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        got = self._scratch.get(dtype)
+        if got is None or got.numel() < numel:
+            got = self._scratch[dtype] = torch.empty(numel, dtype=dtype)
+        return got
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
