@@ -8,8 +8,9 @@
   communicator alive; a plug-in's sync op that finishes only in ``wait()`` (or fails
   there) completes its record then.
 * The one-round collectives with numpy (``cpu.shm.oneshot``, ``host_arrays``): all_reduce,
-  reduce and broadcast on every dtype numpy takes and SUM/MAX/MIN, on both sides of the
-  numpy size limit, on 2 and 3 ranks: exact results, the same bits on every rank, the
+  reduce and broadcast on every dtype numpy takes and SUM/MAX/MIN, and all_gather as bytes
+  on any dtype (mismatched sizes raising on every rank), on both sides of the numpy size
+  limit, on 2 and 3 ranks: exact results, the same bits on every rank, the
   autograd version bumped like an in-place torch op, inputs that are slices of a larger
   tensor, and a tensor freed and another allocated (likely at the same address).
 """
@@ -74,13 +75,23 @@ def _entries(comm: TorchComm, since: int) -> list[tuple[Any, dict[str, Any]]]:
 
 
 def _ops(comm: TorchComm, hints: dict[str, str] | None) -> None:
-    """The six lane ops once each; ``hints={}`` sends them down the general path."""
+    """The nine lane ops once each; ``hints={}`` sends them down the general path."""
     rank, peer = comm.get_rank(), 1 - comm.get_rank()
     t = torch.arange(4, dtype=torch.float32) + rank
     comm.all_reduce(t, ReduceOp.SUM, False, hints=hints)
     comm.broadcast(t, 1, False, hints=hints)
     comm.reduce(t, 0, ReduceOp.MAX, False, hints=hints)
     comm.barrier(False, hints=hints)
+    src = torch.arange(4, dtype=torch.float32) + rank
+    gathered = torch.empty(8, dtype=torch.float32)
+    comm.all_gather_single(gathered, src, False, hints=hints)
+    assert gathered.tolist() == [0.0, 1.0, 2.0, 3.0, 1.0, 2.0, 3.0, 4.0]
+    part = torch.empty(2, dtype=torch.float64)
+    comm.reduce_scatter_single(part, src.double(), ReduceOp.SUM, False, hints=hints)
+    assert part.tolist() == [1.0 + 4 * rank, 3.0 + 4 * rank]
+    swapped = torch.empty(4, dtype=torch.int32)
+    comm.all_to_all_single(swapped, src.int(), False, hints=hints)
+    assert swapped.tolist() == [2 * rank, 2 * rank + 1, 2 * rank + 1, 2 * rank + 2]
     if rank == 0:
         comm.send(t, peer, False, hints=hints)
         comm.recv(t, peer, False, hints=hints)
@@ -98,8 +109,8 @@ def _lane_matches_general_path(ctx: RankContext, transport: str) -> None:
     start = _mark()
     _ops(comm, {})
     general = _entries(comm, start)
-    assert [type(r) for r, _ in lane] == [SyncRecord] * 6
-    assert [type(r) for r, _ in general] == [OpRecord] * 6
+    assert [type(r) for r, _ in lane] == [SyncRecord] * 9
+    assert [type(r) for r, _ in general] == [OpRecord] * 9
     for (_, a), (_, b) in zip(lane, general, strict=True):
         assert a["state"] == "completed" and a["error"] is None
         assert a["time_created_ns"] <= a["time_discovered_started_ns"]
@@ -107,7 +118,7 @@ def _lane_matches_general_path(ctx: RankContext, transport: str) -> None:
         same_a = {k: v for k, v in a.items() if k not in _VOLATILE}
         same_b = {k: v for k, v in b.items() if k not in _VOLATILE}
         # Sequence numbers advance across both halves: compare them as offsets.
-        same_b["collective_seq_id"] -= 4
+        same_b["collective_seq_id"] -= 7
         same_b["p2p_seq_id"] -= 2
         assert same_a == same_b, {k: (v, same_b.get(k)) for k, v in same_a.items()}
     comm.finalize()
@@ -162,9 +173,7 @@ def test_lane_records_failures_and_closes_for_hooks() -> None:
 
 
 # ------------------------------------------------------------------ the numpy one-round path
-_NUMPY_DTYPES = (
-    torch.float32, torch.float64, torch.int64, torch.int32, torch.int8, torch.uint8
-)
+_NUMPY_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32, torch.int8, torch.uint8)
 
 
 def _sizes(dtype: torch.dtype) -> list[int]:
@@ -232,6 +241,42 @@ def _one_round_values(ctx: RankContext) -> None:
 @pytest.mark.parametrize("world", [2, 3])
 def test_one_round_collectives_with_numpy_are_exact(world: int) -> None:
     run_ranks(_one_round_values, world, timeout=120)
+
+
+def _one_round_gathers(ctx: RankContext) -> None:
+    comm = _comm(ctx, "oneshot-gather")
+    rank, size = comm.get_rank(), comm.get_size()
+    oneshot = comm.get_backend_impl()._ops.coll.oneshot  # type: ignore[attr-defined]
+    for dtype in (torch.float32, torch.bfloat16, torch.bool, torch.float64, torch.int8):
+        limit = host_arrays.MAX_BYTES // dtype.itemsize
+        for n in (1, 7, limit, limit + 1):
+            want = torch.cat([rank_data(r, n, dtype) for r in range(size)])
+            out = torch.zeros(size * n, dtype=dtype)
+            version = out._version
+            comm.all_gather_single(out, rank_data(rank, n, dtype), False)
+            assert torch.equal(out, want), (dtype, n)
+            assert out._version > version, "a write through numpy must bump the version"
+            in_place = torch.zeros(size * n, dtype=dtype)
+            mine = in_place[rank * n : (rank + 1) * n]
+            mine.copy_(rank_data(rank, n, dtype))
+            comm.all_gather_single(in_place, mine, False)
+            assert torch.equal(in_place, want), (dtype, n)
+            parts = [torch.zeros(n, dtype=dtype) for _ in range(size)]
+            comm.all_gather(parts, rank_data(rank, n, dtype), False)
+            assert torch.equal(torch.cat(parts), want), (dtype, n)
+            one_round = oneshot.gather_plans[(dtype, n)] is not None
+            assert one_round == (n <= limit), (dtype, n)
+    # Ranks that pass different sizes raise on every rank, on either path.
+    for n in (3, host_arrays.MAX_BYTES):
+        mine = torch.ones(n + rank)
+        with pytest.raises(CollectiveMismatchError, match="all_gather"):
+            comm.all_gather_single(torch.empty(size * (n + rank)), mine, False)
+    comm.finalize()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_small_all_gathers_take_one_round_of_byte_copies(world: int) -> None:
+    run_ranks(_one_round_gathers, world, timeout=120)
 
 
 def test_numpy_is_used_only_where_it_is_exact() -> None:

@@ -53,7 +53,7 @@ def _method_source(entry: optable.Op) -> str:
     elif args:
         lines.append(f"    check(c, {args})")
     if entry.hot:
-        tensor = entry.names[0] if entry.names else "None"
+        tensor = _lane_tensors(entry)
         peer = entry.peer or "-1"
         lines += [
             "    if async_op is False and hints is None and timeout is None "
@@ -68,6 +68,16 @@ def _method_source(entry: optable.Op) -> str:
         f"({lead}async_op,))",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _lane_tensors(entry: optable.Op) -> str:
+    """What the lane records of the op's data (``LaneObserver.op_sync``): its one tensor,
+    ``(input, output)`` for an op with one of each, or ``None``."""
+    ins, outs = entry.inputs, entry.outputs
+    if ins is not None and outs is not None and ins[0] != outs[0]:
+        assert ins[1] == outs[1] == optable.ONE, entry.name
+        return f"({ins[0]}, {outs[0]})"
+    return entry.names[0] if entry.names else "None"
 
 
 def _make_method(entry: optable.Op) -> Any:

@@ -160,7 +160,8 @@ class LaneObserver(OpObserver, Protocol):
     """An observer that can record a sync op on the lane (``CommCore._sync``) cheaply.
 
     ``op_sync(comm, name, op_id, tensor, peer, timeout)`` runs on the issuing thread when
-    the op starts and returns the ``SyncRecord`` it keeps; the lane sets its completion
+    the op starts and returns the ``SyncRecord`` it keeps (``tensor``: the op's one tensor,
+    ``(input, output)`` for an op with one of each, or ``None``); the lane sets its completion
     time and calls ``op_finished(record)`` only for a failure or an op that finished later.
     """
 

@@ -219,6 +219,9 @@ class _Ring:
         record = SyncRecord(name, op_id, timeout)
         if tensor is None:
             self._append(record, st, _EMPTY_SHAPES, None, peer)
+        elif type(tensor) is tuple:  # (input, output): the shapes as ``op_scheduled`` has them
+            i, o = tensor
+            self._append(record, st, ((i.shape,), (i.dtype,), (o.shape,), (o.dtype,)), None, peer)
         else:
             self._append(record, st, tensor.shape, tensor.dtype, peer)
         return record

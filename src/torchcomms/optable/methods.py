@@ -128,7 +128,7 @@ class OpMethods:
         """``tensor_list[r]`` becomes rank r's ``tensor`` (sizes may differ per rank)."""
         declared()
 
-    @op(OUT, TENSOR, inputs="input", outputs="output")
+    @op(OUT, TENSOR, inputs="input", outputs="output", hot=True)
     def all_gather_single(
         self,
         output: torch.Tensor,
@@ -166,7 +166,7 @@ class OpMethods:
         """As ``reduce_scatter``, with a size per rank."""
         declared()
 
-    @op(OUT, TENSOR, RED, inputs="input", outputs="output", key="output")
+    @op(OUT, TENSOR, RED, inputs="input", outputs="output", key="output", hot=True)
     def reduce_scatter_single(
         self,
         output: torch.Tensor,
@@ -179,7 +179,7 @@ class OpMethods:
         """``output`` becomes the reduction of every rank's chunk ``rank`` of ``input``."""
         declared()
 
-    @op(OUT, TENSOR, inputs="input", outputs="output")
+    @op(OUT, TENSOR, inputs="input", outputs="output", hot=True)
     def all_to_all_single(
         self,
         output: torch.Tensor,

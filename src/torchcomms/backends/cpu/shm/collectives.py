@@ -7,7 +7,8 @@ member copies its contribution into its own slot, publishes, waits for the slots
 reads, and copies or reduces straight from the peers' slots with torch kernels:
 
 * all_reduce: one-shot up to ``oneshot_max`` bytes (every rank reduces every slot;
-  ``cpu.shm.oneshot``, with reduce and broadcast that fit one round: the latency path);
+  ``cpu.shm.oneshot``, with reduce, broadcast and small all_gather that fit one round: the
+  latency path);
   above it, per slot-sized chunk, reduce-scatter (rank ``r`` reduces shard ``r`` from
   all slots into its next slot) then all-gather of the reduced shards; between two ranks,
   from 2 MiB, straight from the peer's tensor (``cpu.shm.single_copy``);
@@ -373,6 +374,16 @@ class ShmCollectives:
         chan = self.chan
         n = inp.numel()
         dtype = inp.dtype
+        oneshot = self.oneshot
+        key = (dtype, n)
+        plan = (
+            oneshot.gather_plans[key]
+            if key in oneshot.gather_plans
+            else oneshot.gather_plan(dtype, n)
+        )
+        if plan is not None:
+            oneshot.all_gather(out, inp, plan, deadline)
+            return
         fp = F.make(F.ALL_GATHER, dtype, n) if self._enter() else None
         if self.single.wanted(n * dtype.itemsize, fp, deadline):
             self.single.all_gather(out, inp, fp, deadline)

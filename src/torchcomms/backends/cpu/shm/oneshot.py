@@ -5,7 +5,10 @@
   into its tensor;
 * reduce: the same round, and only the root reduces;
 * broadcast: the root copies into its slot, every rank publishes (carrying its
-  fingerprint), and the others copy out once everyone arrived.
+  fingerprint), and the others copy out once everyone arrived;
+* all_gather up to ``host_arrays.MAX_BYTES`` per rank: every rank copies its part into its
+  slot, publishes, and copies every rank's slot into its output, as bytes (numpy: a copy
+  needs no dtype, so every dtype takes it).
 
 Every rank of a round checks every rank's fingerprint, as ``ShmChannel.exchange`` does.
 A plan per shape holds the slot views and the fingerprint, built once.  Payloads up to
@@ -46,6 +49,12 @@ Plan = tuple[Fingerprint, _Pair, _Pair, bool, bool, "_Tiny | None", "tuple[_Pair
 # slot per parity as arrays, the caller-tensor views) or None.
 BcastPlan = tuple[Fingerprint, _Pair, "tuple[tuple[Any, Any], host_arrays.UserArrays] | None"]
 
+# A gather's fingerprint, per parity this rank's slot and every rank's row (numpy, bytes),
+# and the byte views of the caller's input and output.
+GatherPlan = tuple[
+    Fingerprint, tuple[Any, Any], tuple[Any, Any], host_arrays.UserArrays, host_arrays.UserArrays
+]
+
 
 #: Inline flag checks before a wait enters the channel's loop (whose every pass costs about
 #: a microsecond): a peer a few microseconds behind is seen within ~0.05 us of arriving.
@@ -66,6 +75,8 @@ class OneShot:
         #: By (dtype, count, root); only shapes that fit one slot.
         self.bcast_plans: dict[tuple[torch.dtype, int, int], BcastPlan] = {}
         self._reduce_fps: dict[tuple[object, ...], Fingerprint] = {}
+        #: By (dtype, count per rank); None: too large for one round.
+        self.gather_plans: dict[tuple[torch.dtype, int], GatherPlan | None] = {}
         self._barrier_fp = F.make(F.BARRIER, None, 0)
         # Flag checks a wait makes inline before the channel's wait loop (about 0.05 us
         # each, so a few microseconds): none when ranks share cores, as in the policy.
@@ -134,6 +145,30 @@ class OneShot:
         if len(self.bcast_plans) > 256:
             self.bcast_plans.clear()
         self.bcast_plans[(dtype, n, root)] = plan
+        return plan
+
+    def gather_plan(self, dtype: torch.dtype, n: int) -> GatherPlan | None:
+        """Views and fingerprint of an all_gather of ``n`` elements per rank (None: more
+        than one round of numpy copies)."""
+        chan = self.chan
+        nbytes = n * dtype.itemsize
+        plan: GatherPlan | None = None
+        if nbytes <= host_arrays.MAX_BYTES and nbytes <= chan.slot_capacity(torch.uint8):
+            seg = host_arrays.segment_array
+            me = self.rank
+            plan = (
+                F.make(F.ALL_GATHER, dtype, n),
+                (
+                    seg(chan.slot(me, 0, torch.uint8, nbytes)),
+                    seg(chan.slot(me, 1, torch.uint8, nbytes)),
+                ),
+                (seg(chan.rows(0, torch.uint8, nbytes)), seg(chan.rows(1, torch.uint8, nbytes))),
+                host_arrays.UserArrays(torch.uint8, nbytes),
+                host_arrays.UserArrays(torch.uint8, nbytes * self.size),
+            )
+        if len(self.gather_plans) > 256:
+            self.gather_plans.clear()
+        self.gather_plans[(dtype, n)] = plan
         return plan
 
     def reduce_fp(self, dtype: torch.dtype, n: int, root: int, op: ReduceOp) -> Fingerprint:
@@ -212,6 +247,21 @@ class OneShot:
                 host_arrays.mark_written((flat,))
             else:
                 flat.copy_(slots[p])
+        chan.finish(k)
+
+    def all_gather(
+        self, out: torch.Tensor, inp: torch.Tensor, plan: GatherPlan, deadline: Deadline
+    ) -> None:
+        """One round: ``out`` (contiguous, ``size`` rows) gets every rank's ``inp``."""
+        fp, slots, rows, ins, outs = plan
+        chan = self.chan
+        chan.op_seq += 1
+        k = chan.begin(deadline)
+        p = k & 1
+        slots[p][...] = ins.of(inp)
+        self._meet(k, p, fp, deadline, "all_gather")
+        outs.of(out).reshape(self.size, -1)[...] = rows[p]
+        host_arrays.mark_written((out,))
         chan.finish(k)
 
     def barrier(self, deadline: Deadline) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import secrets
 from collections.abc import Callable
@@ -109,13 +110,22 @@ class SingleCopy:
         return verdict
 
     def _addresses(
-        self, ptr: int, fp: Fingerprint | None, deadline: Deadline, what: str
+        self,
+        ptr: int,
+        fp: Fingerprint | None,
+        deadline: Deadline,
+        what: str,
+        meanwhile: Callable[[], object] | None = None,
     ) -> list[int]:
+        """Every rank's ``ptr``, in one round; ``meanwhile`` (this rank's own part of the
+        op) runs after this rank's address is out and before it waits for the others'."""
         chan = self.chan
         k = chan.begin(deadline)
-        chan.slot(chan.rank, k, torch.int64, 1).fill_(ptr)
-        chan.exchange(k, deadline, fp, what)
-        addresses = [int(chan.slot(r, k, torch.int64, 1)) for r in range(chan.size)]
+        chan.publish(k, fp, count=ptr)  # in the round's meta line: no slot, no tensor
+        if meanwhile is not None:
+            meanwhile()
+        chan.wait_all(k, deadline, fp, what)
+        addresses = [chan.count_of(k, r) for r in range(chan.size)]
         chan.finish(k)
         return addresses
 
@@ -150,9 +160,8 @@ class SingleCopy:
         mine = out[me]
         if _overlaps(inp, out) and inp.data_ptr() != mine.data_ptr():
             inp = inp.clone()  # aliasing another row: peers must read what was passed in
-        addresses = self._addresses(inp.data_ptr(), fp, deadline, "all_gather")
-        if inp.data_ptr() != mine.data_ptr():
-            mine.copy_(inp)
+        own = None if inp.data_ptr() == mine.data_ptr() else functools.partial(mine.copy_, inp)
+        addresses = self._addresses(inp.data_ptr(), fp, deadline, "all_gather", own)
         nbytes = inp.numel() * inp.element_size()
         for r in self._peers():
             self._read(r, out[r].data_ptr(), addresses[r], nbytes, "all_gather")
@@ -171,10 +180,10 @@ class SingleCopy:
         me = self.chan.rank
         if _overlaps(inp, out):
             inp = inp.clone()  # in place: peers read this rank's input while it writes out
-        addresses = self._addresses(inp.data_ptr(), fp, deadline, "all_to_all")
         chunk = n * inp.element_size()
         out2d, in2d = out.view(self.chan.size, n), inp.view(self.chan.size, n)
-        out2d[me].copy_(in2d[me])
+        own = functools.partial(out2d[me].copy_, in2d[me])
+        addresses = self._addresses(inp.data_ptr(), fp, deadline, "all_to_all", own)
         for r in self._peers():
             self._read(r, out2d[r].data_ptr(), addresses[r] + me * chunk, chunk, "all_to_all")
         self._done(deadline, "all_to_all")
