@@ -8,8 +8,8 @@
   communicator alive; a plug-in's sync op that finishes only in ``wait()`` (or fails
   there) completes its record then.
 * The one-round collectives with numpy (``cpu.shm.oneshot``, ``host_arrays``): all_reduce,
-  reduce and broadcast on every dtype numpy takes and SUM/MAX/MIN, and all_gather as bytes
-  on any dtype (mismatched sizes raising on every rank), on both sides of the numpy size
+  reduce and broadcast on every dtype numpy takes and SUM/MAX/MIN, and all_gather and
+  all_to_all as bytes on any dtype (mismatched sizes raising on every rank), on both sides of the numpy size
   limit, on 2 and 3 ranks: exact results, the same bits on every rank, the
   autograd version bumped like an in-place torch op, inputs that are slices of a larger
   tensor, and a tensor freed and another allocated (likely at the same address).
@@ -30,6 +30,7 @@ from tests.harness import RankContext, run_ranks
 from tests.reference import rank_data, reduce_ref
 from tests.test_api import DummyPyBackend, _Waitable
 from torchcomms import CollectiveMismatchError, ReduceOp, TorchComm, new_comm, register_backend
+from torchcomms import fingerprint as F
 from torchcomms.backends.cpu import host_arrays
 from torchcomms.hooks import fr
 from torchcomms.oprecord import OpRecord, SyncRecord
@@ -244,7 +245,7 @@ def test_one_round_collectives_with_numpy_are_exact(world: int) -> None:
 
 
 def _one_round_gathers(ctx: RankContext) -> None:
-    comm = _comm(ctx, "oneshot-gather")
+    comm = _comm(ctx, "oneshot-copies")
     rank, size = comm.get_rank(), comm.get_size()
     oneshot = comm.get_backend_impl()._ops.coll.oneshot  # type: ignore[attr-defined]
     for dtype in (torch.float32, torch.bfloat16, torch.bool, torch.float64, torch.int8):
@@ -264,18 +265,35 @@ def _one_round_gathers(ctx: RankContext) -> None:
             parts = [torch.zeros(n, dtype=dtype) for _ in range(size)]
             comm.all_gather(parts, rank_data(rank, n, dtype), False)
             assert torch.equal(torch.cat(parts), want), (dtype, n)
-            one_round = oneshot.gather_plans[(dtype, n)] is not None
+            one_round = oneshot.copy_plans[(F.ALL_GATHER, dtype, n)] is not None
             assert one_round == (n <= limit), (dtype, n)
+            # all_to_all: rank r's part p (of n // size elements) goes to rank p's row r.
+            m = max(n // size, 1)
+            sent = [rank_data(r, size * m, dtype).view(size, m) for r in range(size)]
+            want = torch.cat([sent[r][rank] for r in range(size)])
+            out = torch.zeros(size * m, dtype=dtype)
+            comm.all_to_all_single(out, sent[rank].flatten(), False)
+            assert torch.equal(out, want), (dtype, m)
+            in_place = sent[rank].flatten().clone()
+            version = in_place._version
+            comm.all_to_all_single(in_place, in_place, False)
+            assert torch.equal(in_place, want), (dtype, m)
+            assert in_place._version > version
+            one_round = oneshot.copy_plans[(F.ALL_TO_ALL, dtype, m)] is not None
+            assert one_round == (size * m <= limit), (dtype, m)
     # Ranks that pass different sizes raise on every rank, on either path.
     for n in (3, host_arrays.MAX_BYTES):
         mine = torch.ones(n + rank)
         with pytest.raises(CollectiveMismatchError, match="all_gather"):
             comm.all_gather_single(torch.empty(size * (n + rank)), mine, False)
+        mine = torch.ones(size * (n + rank))
+        with pytest.raises(CollectiveMismatchError, match="all_to_all"):
+            comm.all_to_all_single(torch.empty_like(mine), mine, False)
     comm.finalize()
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_small_all_gathers_take_one_round_of_byte_copies(world: int) -> None:
+def test_small_all_gathers_and_all_to_alls_take_one_round_of_byte_copies(world: int) -> None:
     run_ranks(_one_round_gathers, world, timeout=120)
 
 

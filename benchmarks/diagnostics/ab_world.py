@@ -26,7 +26,7 @@ import tempfile
 
 from _doc import write_doc
 
-OPS = ("all_reduce", "broadcast", "sendrecv", "barrier", "all_gather_single")
+OPS = ("all_reduce", "broadcast", "sendrecv", "barrier", "all_gather_single", "all_to_all_single")
 
 _CHILD = r"""
 import json, os, sys, time
@@ -49,6 +49,8 @@ def call(comm, name, t, out):
         comm.barrier(False)
     elif name == "all_gather_single":
         comm.all_gather_single(out, t, False)
+    elif name == "all_to_all_single":
+        comm.all_to_all_single(out[: t.numel()], t, False)
     elif rank == 0:  # sendrecv: one round trip
         comm.send(t, 1, False)
         comm.recv(t, 1, False)

@@ -7,8 +7,8 @@ member copies its contribution into its own slot, publishes, waits for the slots
 reads, and copies or reduces straight from the peers' slots with torch kernels:
 
 * all_reduce: one-shot up to ``oneshot_max`` bytes (every rank reduces every slot;
-  ``cpu.shm.oneshot``, with reduce, broadcast and small all_gather that fit one round: the
-  latency path);
+  ``cpu.shm.oneshot``, with reduce, broadcast, and small all_gather and all_to_all that
+  fit one round: the latency path);
   above it, per slot-sized chunk, reduce-scatter (rank ``r`` reduces shard ``r`` from
   all slots into its next slot) then all-gather of the reduced shards; between two ranks,
   from 2 MiB, straight from the peer's tensor (``cpu.shm.single_copy``);
@@ -375,14 +375,11 @@ class ShmCollectives:
         n = inp.numel()
         dtype = inp.dtype
         oneshot = self.oneshot
-        key = (dtype, n)
-        plan = (
-            oneshot.gather_plans[key]
-            if key in oneshot.gather_plans
-            else oneshot.gather_plan(dtype, n)
-        )
+        key = (F.ALL_GATHER, dtype, n)
+        plans = oneshot.copy_plans
+        plan = plans[key] if key in plans else oneshot.copy_plan(F.ALL_GATHER, dtype, n)
         if plan is not None:
-            oneshot.all_gather(out, inp, plan, deadline)
+            oneshot.copy_round(out, inp, plan, deadline, "all_gather")
             return
         fp = F.make(F.ALL_GATHER, dtype, n) if self._enter() else None
         if self.single.wanted(n * dtype.itemsize, fp, deadline):
@@ -440,6 +437,13 @@ class ShmCollectives:
         item = dtype.itemsize
         if uniform:
             n = in_splits[0]
+            oneshot = self.oneshot
+            key = (F.ALL_TO_ALL, dtype, n)
+            plans = oneshot.copy_plans
+            plan = plans[key] if key in plans else oneshot.copy_plan(F.ALL_TO_ALL, dtype, n)
+            if plan is not None and n > 0:
+                oneshot.copy_round(out, inp, plan, deadline, "all_to_all")
+                return
             fp = F.make(F.ALL_TO_ALL, dtype, n) if self._enter() else None
             if n == 0:
                 self._check_round(fp, deadline, "all_to_all")

@@ -6,9 +6,9 @@
 * reduce: the same round, and only the root reduces;
 * broadcast: the root copies into its slot, every rank publishes (carrying its
   fingerprint), and the others copy out once everyone arrived;
-* all_gather up to ``host_arrays.MAX_BYTES`` per rank: every rank copies its part into its
-  slot, publishes, and copies every rank's slot into its output, as bytes (numpy: a copy
-  needs no dtype, so every dtype takes it).
+* all_gather and uniform all_to_all up to ``host_arrays.MAX_BYTES`` per rank: every rank
+  copies its input into its slot, publishes, and copies its part of every rank's slot into
+  its output, as bytes (numpy: a copy needs no dtype, so every dtype takes it).
 
 Every rank of a round checks every rank's fingerprint, as ``ShmChannel.exchange`` does.
 A plan per shape holds the slot views and the fingerprint, built once.  Payloads up to
@@ -49,9 +49,10 @@ Plan = tuple[Fingerprint, _Pair, _Pair, bool, bool, "_Tiny | None", "tuple[_Pair
 # slot per parity as arrays, the caller-tensor views) or None.
 BcastPlan = tuple[Fingerprint, _Pair, "tuple[tuple[Any, Any], host_arrays.UserArrays] | None"]
 
-# A gather's fingerprint, per parity this rank's slot and every rank's row (numpy, bytes),
-# and the byte views of the caller's input and output.
-GatherPlan = tuple[
+# An all_gather's or all_to_all's fingerprint, per parity this rank's slot and this rank's
+# part of every rank's slot (numpy, bytes), and the byte views of the caller's input and
+# output.
+CopyPlan = tuple[
     Fingerprint, tuple[Any, Any], tuple[Any, Any], host_arrays.UserArrays, host_arrays.UserArrays
 ]
 
@@ -75,8 +76,8 @@ class OneShot:
         #: By (dtype, count, root); only shapes that fit one slot.
         self.bcast_plans: dict[tuple[torch.dtype, int, int], BcastPlan] = {}
         self._reduce_fps: dict[tuple[object, ...], Fingerprint] = {}
-        #: By (dtype, count per rank); None: too large for one round.
-        self.gather_plans: dict[tuple[torch.dtype, int], GatherPlan | None] = {}
+        #: By (fingerprint kind, dtype, count per peer); None: too large for one round.
+        self.copy_plans: dict[tuple[int, torch.dtype, int], CopyPlan | None] = {}
         self._barrier_fp = F.make(F.BARRIER, None, 0)
         # Flag checks a wait makes inline before the channel's wait loop (about 0.05 us
         # each, so a few microseconds): none when ranks share cores, as in the policy.
@@ -147,28 +148,28 @@ class OneShot:
         self.bcast_plans[(dtype, n, root)] = plan
         return plan
 
-    def gather_plan(self, dtype: torch.dtype, n: int) -> GatherPlan | None:
-        """Views and fingerprint of an all_gather of ``n`` elements per rank (None: more
-        than one round of numpy copies)."""
+    def copy_plan(self, kind: int, dtype: torch.dtype, n: int) -> CopyPlan | None:
+        """Views and fingerprint of an all_gather (``kind`` ``F.ALL_GATHER``) or uniform
+        all_to_all (``F.ALL_TO_ALL``) moving ``n`` elements to each peer (None: more than
+        one round of numpy copies)."""
         chan = self.chan
         nbytes = n * dtype.itemsize
-        plan: GatherPlan | None = None
-        if nbytes <= host_arrays.MAX_BYTES and nbytes <= chan.slot_capacity(torch.uint8):
+        sent = nbytes if kind == F.ALL_GATHER else nbytes * self.size
+        plan: CopyPlan | None = None
+        if sent <= host_arrays.MAX_BYTES and sent <= chan.slot_capacity(torch.uint8):
             seg = host_arrays.segment_array
-            me = self.rank
+            me, u8 = self.rank, torch.uint8
+            at = 0 if kind == F.ALL_GATHER else me * nbytes
             plan = (
-                F.make(F.ALL_GATHER, dtype, n),
-                (
-                    seg(chan.slot(me, 0, torch.uint8, nbytes)),
-                    seg(chan.slot(me, 1, torch.uint8, nbytes)),
-                ),
-                (seg(chan.rows(0, torch.uint8, nbytes)), seg(chan.rows(1, torch.uint8, nbytes))),
-                host_arrays.UserArrays(torch.uint8, nbytes),
-                host_arrays.UserArrays(torch.uint8, nbytes * self.size),
+                F.make(kind, dtype, n),
+                (seg(chan.slot(me, 0, u8, sent)), seg(chan.slot(me, 1, u8, sent))),
+                (seg(chan.rows(0, u8, nbytes, at)), seg(chan.rows(1, u8, nbytes, at))),
+                host_arrays.UserArrays(u8, sent),
+                host_arrays.UserArrays(u8, nbytes * self.size),
             )
-        if len(self.gather_plans) > 256:
-            self.gather_plans.clear()
-        self.gather_plans[(dtype, n)] = plan
+        if len(self.copy_plans) > 256:
+            self.copy_plans.clear()
+        self.copy_plans[(kind, dtype, n)] = plan
         return plan
 
     def reduce_fp(self, dtype: torch.dtype, n: int, root: int, op: ReduceOp) -> Fingerprint:
@@ -249,17 +250,19 @@ class OneShot:
                 flat.copy_(slots[p])
         chan.finish(k)
 
-    def all_gather(
-        self, out: torch.Tensor, inp: torch.Tensor, plan: GatherPlan, deadline: Deadline
+    def copy_round(
+        self, out: torch.Tensor, inp: torch.Tensor, plan: CopyPlan, deadline: Deadline, what: str
     ) -> None:
-        """One round: ``out`` (contiguous, ``size`` rows) gets every rank's ``inp``."""
+        """One round: row r of ``out`` (contiguous, ``size`` rows) gets rank r's ``inp``
+        (all_gather) or its part of it for this rank (all_to_all).  ``inp`` may be ``out``
+        or a row of it: every rank's input is in the slots before anyone writes."""
         fp, slots, rows, ins, outs = plan
         chan = self.chan
         chan.op_seq += 1
         k = chan.begin(deadline)
         p = k & 1
         slots[p][...] = ins.of(inp)
-        self._meet(k, p, fp, deadline, "all_gather")
+        self._meet(k, p, fp, deadline, what)
         outs.of(out).reshape(self.size, -1)[...] = rows[p]
         host_arrays.mark_written((out,))
         chan.finish(k)
