@@ -1131,7 +1131,7 @@ def _chunk(src: int, dst: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
 
 def _single_copy(ctx: RankContext, disable_on: int) -> dict[str, Any]:
     """Large all_gather, all_to_all and broadcast (every path into ``cpu.shm.single_copy``),
-    every dtype, out of place and in place; then a communicator on which one rank turned the
+    every dtype, out of place, in place, and all_gather's input another rank's row; then a communicator on which one rank turned the
     path off."""
     me, n = ctx.rank, ctx.world_size
     got: dict[str, Any] = {}
@@ -1153,6 +1153,13 @@ def _single_copy(ctx: RankContext, disable_on: int) -> dict[str, Any]:
             inplace[me * per : (me + 1) * per] = mine
             comm.all_gather_single(inplace, inplace[me * per : (me + 1) * per], False)
             wrong += [f"all_gather in place {dtype}"] if not torch.equal(inplace, want) else []
+            aliased = torch.zeros(n * per, dtype=dtype)  # input: another rank's row
+            row = slice(((me + 1) % n) * per, ((me + 1) % n + 1) * per)
+            aliased[row] = mine
+            comm.all_gather_single(aliased, aliased[row], False)
+            wrong += (
+                [f"all_gather from another row {dtype}"] if not torch.equal(aliased, want) else []
+            )
             inp = torch.cat([_chunk(me, d, per, dtype) for d in range(n)])
             want = torch.cat([_chunk(s, me, per, dtype) for s in range(n)])
             out = torch.zeros_like(inp)

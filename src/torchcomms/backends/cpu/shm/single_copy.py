@@ -155,16 +155,19 @@ class SingleCopy:
     def all_gather(
         self, out: torch.Tensor, inp: torch.Tensor, fp: Fingerprint | None, deadline: Deadline
     ) -> None:
-        """``out`` is [size, n]: row r receives rank r's ``inp``."""
+        """``out`` is [size, n] (contiguous): row r receives rank r's ``inp``."""
         me = self.chan.rank
-        mine = out[me]
-        if _overlaps(inp, out) and inp.data_ptr() != mine.data_ptr():
-            inp = inp.clone()  # aliasing another row: peers must read what was passed in
-        own = None if inp.data_ptr() == mine.data_ptr() else functools.partial(mine.copy_, inp)
-        addresses = self._addresses(inp.data_ptr(), fp, deadline, "all_gather", own)
         nbytes = inp.numel() * inp.element_size()
+        base, src = out.data_ptr(), inp.data_ptr()  # rows by address: no tensor per row
+        own = None
+        if src != base + me * nbytes:  # not in place
+            if _overlaps(inp, out):
+                inp = inp.clone()  # aliasing another row: peers must read what was passed in
+                src = inp.data_ptr()
+            own = functools.partial(out[me].copy_, inp)
+        addresses = self._addresses(src, fp, deadline, "all_gather", own)
         for r in self._peers():
-            self._read(r, out[r].data_ptr(), addresses[r], nbytes, "all_gather")
+            self._read(r, base + r * nbytes, addresses[r], nbytes, "all_gather")
         self._done(deadline, "all_gather")
 
     def all_to_all(
@@ -181,11 +184,11 @@ class SingleCopy:
         if _overlaps(inp, out):
             inp = inp.clone()  # in place: peers read this rank's input while it writes out
         chunk = n * inp.element_size()
-        out2d, in2d = out.view(self.chan.size, n), inp.view(self.chan.size, n)
-        own = functools.partial(out2d[me].copy_, in2d[me])
+        own = functools.partial(out[me * n : (me + 1) * n].copy_, inp[me * n : (me + 1) * n])
         addresses = self._addresses(inp.data_ptr(), fp, deadline, "all_to_all", own)
+        base = out.data_ptr()  # flat and contiguous: chunk r by address
         for r in self._peers():
-            self._read(r, out2d[r].data_ptr(), addresses[r] + me * chunk, chunk, "all_to_all")
+            self._read(r, base + r * chunk, addresses[r] + me * chunk, chunk, "all_to_all")
         self._done(deadline, "all_to_all")
 
     def broadcast(
