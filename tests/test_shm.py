@@ -1188,8 +1188,8 @@ def test_large_all_gather_all_to_all_and_broadcast_copy_once_and_agree_to_fall_b
 
 def _pair_reductions(ctx: RankContext, disable_on: int) -> dict[str, Any]:
     """Large all_reduce and reduce between two ranks (``SingleCopy.all_reduce_pair`` and
-    ``reduce_pair``): odd sizes, every op on five dtypes, reduce to either root; then a
-    communicator on which one rank turned the path off."""
+    ``reduce_pair``): odd sizes, every op on five dtypes, reduce and broadcast from either
+    root; then a communicator on which one rank turned the path off."""
     me = ctx.rank
     got: dict[str, Any] = {}
     for label, off in (("on", False), ("one_rank_off", me == disable_on)):
@@ -1213,8 +1213,18 @@ def _pair_reductions(ctx: RankContext, disable_on: int) -> dict[str, Any]:
                     comm.reduce(t, root, make_op(red), False)
                     if not _close(t, want if me == root else inputs[me], dtype, red):
                         wrong.append(f"reduce to {root} {dtype} {red}")
-        single = comm.get_backend_impl()._ops.coll.single.usable  # type: ignore[attr-defined]
-        got[label] = {"wrong": wrong, "single_copy": single}
+            # broadcast: with a core per rank the root writes the first half into its peer
+            # as the peer reads the second (an odd size: the split is rounded to pages).
+            for root in (0, 1):
+                want = data(root, n, dtype, "SUM")
+                buf = want.clone() if me == root else torch.zeros_like(want)
+                comm.broadcast(buf, root, False)
+                if not torch.equal(buf, want):
+                    wrong.append(f"broadcast from {root} {dtype}")
+        coll = comm.get_backend_impl()._ops.coll  # type: ignore[attr-defined]
+        got[label] = {"wrong": wrong, "single_copy": coll.single.usable}
+        if label == "on":
+            assert coll.single.root_writes == (not coll.chan.policy.oversubscribed)
         comm.finalize()
     return got
 
