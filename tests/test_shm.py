@@ -1224,7 +1224,7 @@ def _pair_reductions(ctx: RankContext, disable_on: int) -> dict[str, Any]:
         coll = comm.get_backend_impl()._ops.coll  # type: ignore[attr-defined]
         got[label] = {"wrong": wrong, "single_copy": coll.single.usable}
         if label == "on":
-            assert coll.single.root_writes == (not coll.chan.policy.oversubscribed)
+            assert coll.single.own_cores == (not coll.chan.policy.oversubscribed)
         comm.finalize()
     return got
 

@@ -7,12 +7,13 @@ buffer in one round, reads what it needs straight out of its peers' address spac
 (``transport.cma``), and meets the others once more, so nobody returns (and reuses its buffer)
 while a peer still reads it: two rounds and one copy, whatever the size.  all_gather, uniform
 all_to_all and broadcast take it at any world size.  all_reduce and reduce take it between two
-ranks: each rank reads the part it reduces from its peer a piece at a time and
-combines it into its own tensor (all_reduce then reads the peer's reduced half, one round
-more).  At 16 MiB and 2 ranks, in place, that halves all_reduce and reduce (8.7 to 4.2-5.5 ms
-and 8.9 to 3.8 ms in one A/B run with ``TORCHCOMM_SHM_SINGLE_COPY=0``; see
-benchmarks/results/issue40/NOTES.md).  With more ranks the reductions keep the slot path, whose rounds spread the reduction
-over every rank.
+ranks: each rank reads the part it reduces from its peer a piece at a time and combines it into
+its own tensor (all_reduce writes each combined piece back into the peer's; a reduce's peer,
+while it has a core of its own, takes a third of the root's work).  At 16 MiB and 2 ranks, in
+place, the first version of this halved all_reduce and reduce (8.7 to 4.2-5.5 ms and 8.9 to
+3.8 ms in one A/B run with ``TORCHCOMM_SHM_SINGLE_COPY=0``; see
+benchmarks/results/issue40/NOTES.md).  With more ranks the reductions keep the slot path, whose
+rounds spread the reduction over every rank.
 
 Used from ``SINGLE_COPY_MIN_BYTES`` per peer, where every rank can read every other: probed
 once per communicator, at the first op that qualifies, in two rounds every rank runs (the
@@ -64,9 +65,10 @@ class SingleCopy:
     def __init__(self, chan: ShmChannel) -> None:
         self.chan = chan
         self.usable: bool | None = None  # unknown until probed
-        #: Whether a broadcast's root writes part of it into its peers (every rank has a
-        #: core of its own: then the root's core is otherwise idle); set by the probe.
-        self.root_writes = False
+        #: Every rank has a core of its own (set by the probe, alike on every rank): then a
+        #: rank that would wait idle takes a share of the copying (broadcast's root, the
+        #: peer of a two-rank reduce's root).
+        self.own_cores = False
         self._token = ctypes.c_int64(secrets.randbits(62))
         # Read when the communicator is made, like its other settings.
         self._allowed = config.shm_single_copy() and cma.available()
@@ -111,9 +113,9 @@ class SingleCopy:
         chan.exchange(k, deadline, None, "a single-copy probe")
         words = [chan.slot(r, k, torch.int64, 2).tolist() for r in range(chan.size)]
         chan.finish(k)
-        # Decided once, alike on every rank: a broadcast's root and peers must agree on
-        # which part the root writes.
-        self.root_writes = all(w[1] == 1 for w in words)
+        # Decided once, alike on every rank: the ranks of an op must agree on who moves which
+        # part.
+        self.own_cores = all(w[1] == 1 for w in words)
         return all(w[0] == 1 for w in words)
 
     def _addresses(
@@ -214,7 +216,7 @@ class SingleCopy:
         addresses = self._addresses(flat.data_ptr(), fp, deadline, "broadcast")
         nbytes = flat.numel() * flat.element_size()
         chan = self.chan
-        share = nbytes // chan.size if self.root_writes else 0
+        share = nbytes // chan.size if self.own_cores else 0
         head = share & ~4095  # whole pages: fewer, aligned pins
         ptr = flat.data_ptr()
         if chan.rank == root:
@@ -232,21 +234,16 @@ class SingleCopy:
         fp: Fingerprint | None,
         deadline: Deadline,
     ) -> None:
-        """In place between two ranks: each combines into its own copy the half it
-        reduces, read from its peer's a piece at a time; then each reads the peer's
-        reduced half straight into its own (three rounds, each byte read once remotely)."""
+        """In place between two ranks (two rounds): each reduces one half, a piece at a
+        time: it reads the peer's piece, combines it into its own and writes the result
+        back into the peer's tensor while it is still in cache.  Nobody else touches that
+        half of either tensor meanwhile."""
         me, other = self.chan.rank, 1 - self.chan.rank
         addresses = self._addresses(flat.data_ptr(), fp, deadline, "all_reduce")
-        n, es = flat.numel(), flat.element_size()
+        n = flat.numel()
         shard = -(-n // 2)
         lo, hi = min(me * shard, n), min((me + 1) * shard, n)
-        a, b = min(other * shard, n), min((other + 1) * shard, n)
-        self._combine(flat, lo, hi, other, addresses[other], fn, "all_reduce")
-        self._done(deadline, "all_reduce")  # both halves are reduced
-        if b > a:
-            self._read(
-                other, flat[a:].data_ptr(), addresses[other] + a * es, (b - a) * es, "all_reduce"
-            )
+        self._combine(flat, lo, hi, other, addresses[other], fn, "all_reduce", write_back=True)
         self._done(deadline, "all_reduce")
 
     def reduce_pair(
@@ -257,12 +254,19 @@ class SingleCopy:
         fp: Fingerprint | None,
         deadline: Deadline,
     ) -> None:
-        """Into the root's ``flat`` between two ranks: the root combines its peer's data,
-        read a piece at a time; the peer only waits until it is read (two rounds)."""
+        """Into the root's ``flat`` between two ranks (two rounds): the root combines its
+        peer's data, read a piece at a time.  While each rank has a core, the peer, idle
+        otherwise, takes the first third: it reads the root's part, combines it with its own
+        and writes the result back into the root's tensor (two transfers a byte to the root's
+        one, hence a third)."""
         me, other = self.chan.rank, 1 - self.chan.rank
         addresses = self._addresses(flat.data_ptr(), fp, deadline, "reduce")
+        n = flat.numel()
+        split = n // 3 if self.own_cores else 0
         if me == root:
-            self._combine(flat, 0, flat.numel(), other, addresses[other], fn, "reduce")
+            self._combine(flat, split, n, other, addresses[other], fn, "reduce")
+        elif split:
+            self._combine_into(flat, split, root, addresses[root], fn, "reduce")
         self._done(deadline, "reduce")
 
     def _combine(
@@ -274,8 +278,10 @@ class SingleCopy:
         remote: int,
         fn: Callable[..., torch.Tensor],
         what: str,
+        write_back: bool = False,
     ) -> None:
-        """``flat[lo:hi] = fn(flat[lo:hi], the peer's [lo:hi])``, a piece at a time."""
+        """``flat[lo:hi] = fn(flat[lo:hi], the peer's [lo:hi])``, a piece at a time; with
+        ``write_back`` each combined piece goes into the peer's ``[lo:hi]`` too."""
         es = flat.element_size()
         piece = max(_PIECE_BYTES // es, 1)
         scratch = self._scratch_of(flat.dtype, piece)
@@ -285,6 +291,29 @@ class SingleCopy:
             self._read(peer, part.data_ptr(), remote + s * es, (e - s) * es, what)
             mine = flat[s:e]
             fn(mine, part, out=mine)
+            if write_back:
+                self._move(True, peer, mine.data_ptr(), remote + s * es, (e - s) * es, what)
+
+    def _combine_into(
+        self,
+        flat: torch.Tensor,
+        hi: int,
+        peer: int,
+        remote: int,
+        fn: Callable[..., torch.Tensor],
+        what: str,
+    ) -> None:
+        """The peer's ``[0:hi] = fn(the peer's [0:hi], flat[0:hi])``, a piece at a time (the
+        operands in ``_combine``'s order, so either side gives the same bits)."""
+        es = flat.element_size()
+        piece = max(_PIECE_BYTES // es, 1)
+        scratch = self._scratch_of(flat.dtype, piece)
+        for s in range(0, hi, piece):
+            e = min(s + piece, hi)
+            part = scratch[: e - s]
+            self._read(peer, part.data_ptr(), remote + s * es, (e - s) * es, what)
+            fn(part, flat[s:e], out=part)
+            self._move(True, peer, part.data_ptr(), remote + s * es, (e - s) * es, what)
 
     def _scratch_of(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
         got = self._scratch.get(dtype)
