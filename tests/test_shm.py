@@ -1151,8 +1151,11 @@ def _single_copy(ctx: RankContext, disable_on: int) -> dict[str, Any]:
             wrong += [f"all_gather {dtype}"] if not torch.equal(out, want) else []
             inplace = torch.zeros(n * per, dtype=dtype)
             inplace[me * per : (me + 1) * per] = mine
+            version = inplace._version
             comm.all_gather_single(inplace, inplace[me * per : (me + 1) * per], False)
             wrong += [f"all_gather in place {dtype}"] if not torch.equal(inplace, want) else []
+            # Written outside torch, counted as an in-place write (autograd's version).
+            wrong += [f"all_gather version {dtype}"] if inplace._version == version else []
             aliased = torch.zeros(n * per, dtype=dtype)  # input: another rank's row
             row = slice(((me + 1) % n) * per, ((me + 1) % n + 1) * per)
             aliased[row] = mine
@@ -1170,8 +1173,11 @@ def _single_copy(ctx: RankContext, disable_on: int) -> dict[str, Any]:
             root = n - 1
             want = _chunk(root, 9, 16 * per, dtype)
             buf = want.clone() if me == root else torch.zeros_like(want)
+            version = buf._version
             comm.broadcast(buf, root, False)
             wrong += [f"broadcast {dtype}"] if not torch.equal(buf, want) else []
+            if me != root and buf._version == version:
+                wrong.append(f"broadcast version {dtype}")
         single = comm.get_backend_impl()._ops.coll.single.usable  # type: ignore[attr-defined]
         got[label] = {"wrong": wrong, "single_copy": single}
         comm.finalize()

@@ -35,6 +35,7 @@ from collections.abc import Callable
 import torch
 
 from torchcomms import config
+from torchcomms.backends.cpu import host_arrays
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
 from torchcomms.ranks import RankMessage, Ranks
@@ -179,11 +180,12 @@ class SingleCopy:
             if _overlaps(inp, out):
                 inp = inp.clone()  # aliasing another row: peers must read what was passed in
                 src = inp.data_ptr()
-            own = functools.partial(out[me].copy_, inp)
+            own = functools.partial(ctypes.memmove, base + me * nbytes, src, nbytes)
         addresses = self._addresses(src, fp, deadline, "all_gather", own)
         for r in self._peers():
             self._read(r, base + r * nbytes, addresses[r], nbytes, "all_gather")
         self._done(deadline, "all_gather")
+        host_arrays.mark_written((out,))
 
     def all_to_all(
         self,
@@ -199,12 +201,13 @@ class SingleCopy:
         if _overlaps(inp, out):
             inp = inp.clone()  # in place: peers read this rank's input while it writes out
         chunk = n * inp.element_size()
-        own = functools.partial(out[me * n : (me + 1) * n].copy_, inp[me * n : (me + 1) * n])
-        addresses = self._addresses(inp.data_ptr(), fp, deadline, "all_to_all", own)
-        base = out.data_ptr()  # flat and contiguous: chunk r by address
+        base, src = out.data_ptr(), inp.data_ptr()  # flat and contiguous: chunks by address
+        own = functools.partial(ctypes.memmove, base + me * chunk, src + me * chunk, chunk)
+        addresses = self._addresses(src, fp, deadline, "all_to_all", own)
         for r in self._peers():
             self._read(r, base + r * chunk, addresses[r] + me * chunk, chunk, "all_to_all")
         self._done(deadline, "all_to_all")
+        host_arrays.mark_written((out,))
 
     def broadcast(
         self, flat: torch.Tensor, root: int, fp: Fingerprint | None, deadline: Deadline
@@ -226,6 +229,8 @@ class SingleCopy:
         else:
             self._read(root, ptr + head, addresses[root] + head, nbytes - head, "broadcast")
         self._done(deadline, "broadcast")
+        if chan.rank != root:
+            host_arrays.mark_written((flat,))
 
     def all_reduce_pair(
         self,
