@@ -1,14 +1,16 @@
 """A/B two source trees on a real 2-rank world: sync op p50 over shm and tcp, alternating.
 
     python benchmarks/diagnostics/ab_world.py A_SRC B_SRC [--blocks 6] [--iters 300]
-        [--ops all_reduce,broadcast,sendrecv,barrier,all_gather_single] [--json out.json]
+        [--ops all_reduce,broadcast,reduce,sendrecv,barrier,all_gather_single,all_to_all_single]
+        [--sizes 8,4K,1M] [--transports shm,tcp] [--json out.json]
 
 ``A_SRC``/``B_SRC`` are ``src`` folders of two checkouts (e.g. a ``git worktree`` of the
 commit before a change, and this one).  Per block, each tree in turn runs one fresh
 2-process job (``TORCHCOMM_RANK``/``SIZE``, a ``FileStore``) that times ``--iters`` sync
 calls of each op (``--ops``, default all_reduce) per (transport, size) and reports the median
 per-call time of rank 0 (``sendrecv``: rank 0 sends and then receives, rank 1 the reverse,
-one round trip per call; ``barrier`` has no size).  The
+one round trip per call; ``barrier`` has no size; a size is bytes per rank, all_to_all's
+total).  The
 blocks run A, B, then B, A, and so on, so a shared machine's drift and the order hit both; the
 result is the
 median over blocks per tree and B - A in microseconds and percent.
@@ -26,7 +28,15 @@ import tempfile
 
 from _doc import write_doc
 
-OPS = ("all_reduce", "broadcast", "sendrecv", "barrier", "all_gather_single", "all_to_all_single")
+OPS = (
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "sendrecv",
+    "barrier",
+    "all_gather_single",
+    "all_to_all_single",
+)
 
 _CHILD = r"""
 import json, os, sys, time
@@ -45,6 +55,8 @@ def call(comm, name, t, out):
         comm.all_reduce(t, SUM, False)
     elif name == "broadcast":
         comm.broadcast(t, 0, False)
+    elif name == "reduce":
+        comm.reduce(t, 0, SUM, False)
     elif name == "barrier":
         comm.barrier(False)
     elif name == "all_gather_single":
@@ -59,11 +71,12 @@ def call(comm, name, t, out):
         comm.send(t, 0, False)
 
 out = {}
-for transport in ("shm", "tcp"):
+sizes = [int(x) for x in os.environ["AB_SIZES"].split(",")]
+for transport in os.environ["AB_TRANSPORTS"].split(","):
     comm = torchcomms.new_comm("gloo", torch.device("cpu"), name="ab_" + transport,
         store=store, timeout=timedelta(seconds=120), hints={"transport": transport})
     for name in os.environ["AB_OPS"].split(","):
-        for nbytes in ((0,) if name == "barrier" else (8, 4096, 1 << 20)):
+        for nbytes in ((0,) if name == "barrier" else sizes):
             t = torch.ones(max(nbytes // 4, 1))
             gathered = torch.empty(2 * t.numel())
             for _ in range(max(iters // 10, 5)):
@@ -83,12 +96,19 @@ if rank == 0:
 """
 
 
-def _job(src: str, iters: int, ops: str) -> dict[str, float]:
+def _bytes(text: str) -> int:
+    """``8``, ``4K``, ``16M``: a size in bytes."""
+    scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:].upper(), 1)
+    return int(text[:-1] if scale > 1 else text) * scale
+
+
+def _job(src: str, iters: int, ops: str, sizes: str, transports: str) -> dict[str, float]:
     path = tempfile.mktemp(prefix="ab_world_")
     procs = []
     for rank in range(2):
         env = dict(os.environ, PYTHONPATH=src, TORCHCOMM_RANK=str(rank), TORCHCOMM_SIZE="2")
         env.update(AB_STORE=path, AB_ITERS=str(iters), AB_OPS=ops, OMP_NUM_THREADS="1")
+        env.update(AB_SIZES=sizes, AB_TRANSPORTS=transports)
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-c", _CHILD], env=env, stdout=subprocess.PIPE, text=True
@@ -117,14 +137,19 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=6)
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--ops", default="all_reduce", help="comma-separated: " + ",".join(OPS))
+    ap.add_argument("--sizes", default="8,4K,1M", help="bytes per rank, comma-separated")
+    ap.add_argument("--transports", default="shm,tcp")
     ap.add_argument("--json")
     args = ap.parse_args()
+    sizes = ",".join(str(_bytes(x)) for x in args.sizes.split(","))
     runs: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
     pair = (("A", args.a_src), ("B", args.b_src))
     for block in range(args.blocks):
         # A, B then B, A: whichever runs second in a block finds the machine warmer.
         for tree, src in pair if block % 2 == 0 else pair[::-1]:
-            runs[tree].append(_job(os.path.abspath(src), args.iters, args.ops))
+            runs[tree].append(
+                _job(os.path.abspath(src), args.iters, args.ops, sizes, args.transports)
+            )
     rows = {}
     for key in runs["A"][0]:
         if key in runs["B"][0]:
@@ -141,7 +166,8 @@ def main() -> None:
         write_doc(
             args.json,
             f"python benchmarks/diagnostics/ab_world.py A B --blocks {args.blocks} "
-            f"--iters {args.iters} --ops {args.ops}",
+            f"--iters {args.iters} --ops {args.ops} --sizes {args.sizes} "
+            f"--transports {args.transports}",
             rows,
             a_src=_tree(args.a_src),
             b_src=_tree(args.b_src),
