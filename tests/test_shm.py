@@ -679,6 +679,65 @@ def test_peer_sigkilled_mid_collective_is_named_by_every_survivor(tmp_path: Path
         assert poisoned["s"] < 1.0, poisoned  # fails fast, does not wait again
 
 
+def _killed_between_address_and_copy(ctx: RankContext, report_dir: str, op: str) -> None:
+    """On the single-copy path the ranks move data in each other's memory: a rank that dies
+    after publishing its address leaves its peer writing into, or reading from, a process
+    that is gone (or going).  Rank 1 dies right after the address round of a large broadcast
+    rooted at rank 0 (which writes the first half into rank 1's tensor) or of a large reduce
+    rooted at rank 1 (whose peer, rank 0, writes its third into rank 1's tensor).  Rank 0
+    must raise ``PeerFailureError`` naming rank 1, whichever of the write, the read or the
+    last round finds out first."""
+    from torchcomms.backends.cpu.shm import single_copy
+
+    me = ctx.rank
+    comm = _shm(ctx, f"k_sc_{op}")
+    n = (4 << 20) // 4
+    t = torch.full((n,), float(me))
+    comm.broadcast(t, 0, False)  # the probe, and a first op that completes
+    assert torch.equal(t, torch.zeros(n))
+
+    def call() -> None:
+        if op == "broadcast":
+            comm.broadcast(torch.ones(n), 0, False)
+        else:
+            comm.reduce(torch.ones(n), 1, ReduceOp.SUM, False)
+
+    if me == 1:
+        addresses = single_copy.SingleCopy._addresses
+
+        def then_die(self: Any, *args: Any, **kwargs: Any) -> list[int]:
+            got = addresses(self, *args, **kwargs)
+            os.kill(os.getpid(), signal.SIGKILL)
+            return got
+
+        single_copy.SingleCopy._addresses = then_die  # type: ignore[method-assign]
+        call()
+        raise AssertionError("rank 1 should have died")
+    start = time.monotonic()
+    try:
+        call()
+    except Exception as exc:
+        seen = {"type": type(exc).__name__, "text": str(exc)}
+    else:
+        seen = {"type": None, "text": "returned"}
+    seen["s"] = time.monotonic() - start
+    Path(report_dir, "rank0.json").write_text(json.dumps(seen))
+    comm.finalize()
+
+
+@pytest.mark.parametrize("op", ["broadcast", "reduce"])
+def test_a_peer_killed_inside_a_single_copy_op_is_named(tmp_path: Path, op: str) -> None:
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_killed_between_address_and_copy, 2, str(tmp_path), op, timeout=120)
+    failure = info.value
+    assert 1 in failure.died and "SIGKILL" in failure.died[1], str(failure)
+    assert not failure.timed_out and not failure.errors, str(failure)
+    got = json.loads((tmp_path / "rank0.json").read_text())
+    assert got["type"] == PeerFailureError.__name__, got
+    assert "peer rank 1 died" in got["text"] and op in got["text"], got
+    assert got["s"] < DEAD_PEER_BOUND_S, got
+
+
 def _timeouts_and_mismatches(ctx: RankContext) -> dict[str, Any]:
     """Rank 1 skips a collective; ranks call mismatched collectives; a peer finalizes early."""
     me = ctx.rank

@@ -153,14 +153,14 @@ class SingleCopy:
         """Read ``nbytes`` of rank ``r`` (or write them into it); a failure names ``r``."""
         _, err = cma.copy(write, self.chan.pids[r], local, remote, nbytes)
         if err == errno.ESRCH:
-            text = "{} died (process gone) while this rank {} its data {}"
-            verb = "wrote" if write else "read"
-            raise WaitError("dead", [r], RankMessage(text, Ranks([r]), verb, what))
+            text = "{} died (process gone) while this rank {} for {}"
+            doing = "wrote into its memory" if write else "read its data"
+            raise WaitError("dead", [r], RankMessage(text, Ranks([r]), doing, what))
         if err:
-            text = "{} the data of {} {} failed: {}"
-            verb = "writing" if write else "reading"
+            text = "{} {} for {} failed: {}"
+            doing = "writing into the memory of" if write else "reading the data of"
             raise WaitError(
-                "peer_failed", [r], RankMessage(text, verb, Ranks([r]), what, os.strerror(err))
+                "peer_failed", [r], RankMessage(text, doing, Ranks([r]), what, os.strerror(err))
             )
 
     def _peers(self) -> list[int]:
