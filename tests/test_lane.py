@@ -8,8 +8,8 @@
   communicator alive; a plug-in's sync op that finishes only in ``wait()`` (or fails
   there) completes its record then.
 * The one-round collectives with numpy (``cpu.shm.oneshot``, ``host_arrays``): all_reduce,
-  reduce and broadcast on every dtype numpy takes and SUM/MAX/MIN, and all_gather and
-  all_to_all as bytes on any dtype (mismatched sizes raising on every rank), on both sides of the numpy size
+  reduce and broadcast on every dtype numpy takes and SUM/MAX/MIN, all_gather and all_to_all
+  as bytes on any dtype, and reduce_scatter (mismatched sizes raising on every rank), on both sides of the numpy size
   limit, on 2 and 3 ranks: exact results, the same bits on every rank, the
   autograd version bumped like an in-place torch op, inputs that are slices of a larger
   tensor, and a tensor freed and another allocated (likely at the same address).
@@ -281,6 +281,21 @@ def _one_round_gathers(ctx: RankContext) -> None:
             assert in_place._version > version
             one_round = oneshot.copy_plans[(F.ALL_TO_ALL, dtype, m)] is not None
             assert one_round == (size * m <= limit), (dtype, m)
+    # reduce_scatter: rank r gets the reduction of every rank's row r; one round while the
+    # whole input fits the numpy limit (numpy reduces where exact, torch otherwise).
+    for dtype in (torch.int32, torch.float32, torch.bfloat16, torch.uint8, torch.bool):
+        limit = host_arrays.MAX_BYTES // (size * dtype.itemsize)
+        for n in (1, 5, limit, limit + 1):
+            for red in ("SUM", "MAX", "MIN", "PRODUCT") if dtype is not torch.bool else ("MAX",):
+                inputs = [rank_data(r, size * n, dtype, red) for r in range(size)]
+                want = reduce_ref(inputs, red, dtype)[rank * n : (rank + 1) * n]
+                out = torch.zeros(n, dtype=dtype)
+                version = out._version
+                comm.reduce_scatter_single(out, inputs[rank], getattr(ReduceOp, red), False)
+                assert torch.equal(out, want), (dtype, n, red)
+                assert out._version > version
+                key = (dtype, n, getattr(ReduceOp, red).type._value_)
+                assert (oneshot.rs_plans[key] is not None) == (n <= limit), (dtype, n, red)
     # Ranks that pass different sizes raise on every rank, on either path.
     for n in (3, host_arrays.MAX_BYTES):
         mine = torch.ones(n + rank)
@@ -289,11 +304,13 @@ def _one_round_gathers(ctx: RankContext) -> None:
         mine = torch.ones(size * (n + rank))
         with pytest.raises(CollectiveMismatchError, match="all_to_all"):
             comm.all_to_all_single(torch.empty_like(mine), mine, False)
+        with pytest.raises(CollectiveMismatchError, match="reduce_scatter"):
+            comm.reduce_scatter_single(torch.empty(n + rank), mine, ReduceOp.SUM, False)
     comm.finalize()
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_small_all_gathers_and_all_to_alls_take_one_round_of_byte_copies(world: int) -> None:
+def test_small_gathers_all_to_alls_and_reduce_scatters_take_one_round(world: int) -> None:
     run_ranks(_one_round_gathers, world, timeout=120)
 
 

@@ -1,7 +1,8 @@
 """A/B two source trees on a real 2-rank world: sync op p50 over shm and tcp, alternating.
 
     python benchmarks/diagnostics/ab_world.py A_SRC B_SRC [--blocks 6] [--iters 300]
-        [--ops all_reduce,broadcast,reduce,sendrecv,barrier,all_gather_single,all_to_all_single]
+        [--ops all_reduce,broadcast,reduce,sendrecv,barrier,all_gather_single,all_to_all_single,
+               reduce_scatter_single]
         [--sizes 8,4K,1M] [--transports shm,tcp] [--json out.json]
 
 ``A_SRC``/``B_SRC`` are ``src`` folders of two checkouts (e.g. a ``git worktree`` of the
@@ -10,7 +11,7 @@ commit before a change, and this one).  Per block, each tree in turn runs one fr
 calls of each op (``--ops``, default all_reduce) per (transport, size) and reports the median
 per-call time of rank 0 (``sendrecv``: rank 0 sends and then receives, rank 1 the reverse,
 one round trip per call; ``barrier`` has no size; a size is bytes per rank, all_to_all's
-total).  The
+total, reduce_scatter's output).  The
 blocks run A, B, then B, A, and so on, so a shared machine's drift and the order hit both; the
 result is the
 median over blocks per tree and B - A in microseconds and percent.
@@ -36,6 +37,7 @@ OPS = (
     "barrier",
     "all_gather_single",
     "all_to_all_single",
+    "reduce_scatter_single",
 )
 
 _CHILD = r"""
@@ -63,6 +65,8 @@ def call(comm, name, t, out):
         comm.all_gather_single(out, t, False)
     elif name == "all_to_all_single":
         comm.all_to_all_single(out[: t.numel()], t, False)
+    elif name == "reduce_scatter_single":
+        comm.reduce_scatter_single(t, out, SUM, False)
     elif rank == 0:  # sendrecv: one round trip
         comm.send(t, 1, False)
         comm.recv(t, 1, False)
@@ -78,7 +82,7 @@ for transport in os.environ["AB_TRANSPORTS"].split(","):
     for name in os.environ["AB_OPS"].split(","):
         for nbytes in ((0,) if name == "barrier" else sizes):
             t = torch.ones(max(nbytes // 4, 1))
-            gathered = torch.empty(2 * t.numel())
+            gathered = torch.zeros(2 * t.numel())
             for _ in range(max(iters // 10, 5)):
                 call(comm, name, t, gathered)
             comm.barrier(False)

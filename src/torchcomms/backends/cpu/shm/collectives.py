@@ -7,8 +7,8 @@ member copies its contribution into its own slot, publishes, waits for the slots
 reads, and copies or reduces straight from the peers' slots with torch kernels:
 
 * all_reduce: one-shot up to ``oneshot_max`` bytes (every rank reduces every slot;
-  ``cpu.shm.oneshot``, with reduce, broadcast, and small all_gather and all_to_all that
-  fit one round: the latency path);
+  ``cpu.shm.oneshot``, with reduce, broadcast, and small all_gather, all_to_all and
+  reduce_scatter that fit one round: the latency path);
   above it, per slot-sized chunk, reduce-scatter (rank ``r`` reduces shard ``r`` from
   all slots into its next slot) then all-gather of the reduced shards; between two ranks,
   from 2 MiB, straight from the peer's tensor (``cpu.shm.single_copy``);
@@ -229,6 +229,13 @@ class ShmCollectives:
         size, me = self.size, self.rank
         n = out.numel()
         dtype = out.dtype
+        oneshot = self.oneshot
+        key = (dtype, n, op._type._value_)
+        plans = oneshot.rs_plans
+        plan = plans[key] if key in plans else oneshot.rs_plan(dtype, n, op)
+        if plan is not None:
+            oneshot.reduce_scatter(out, inputs, op, plan, deadline)
+            return
         fp = F.make(F.REDUCE_SCATTER, dtype, n, -1, op) if self._enter() else None
         per = max(chan.slot_capacity(dtype) // size, 1)
         stride = chan.layout.slot_bytes // dtype.itemsize

@@ -9,6 +9,9 @@
 * all_gather and uniform all_to_all up to ``host_arrays.MAX_BYTES`` per rank: every rank
   copies its input into its slot, publishes, and copies its part of every rank's slot into
   its output, as bytes (numpy: a copy needs no dtype, so every dtype takes it).
+* reduce_scatter whose whole input is up to ``host_arrays.MAX_BYTES``: every rank copies its
+  input into its slot, publishes, and reduces its column of every rank's slot into its
+  output (numpy where it is exact, else the slot path's torch kernels, so the bits match).
 
 Every rank of a round checks every rank's fingerprint, as ``ShmChannel.exchange`` does.
 A plan per shape holds the slot views and the fingerprint, built once.  Payloads up to
@@ -56,6 +59,15 @@ CopyPlan = tuple[
     Fingerprint, tuple[Any, Any], tuple[Any, Any], host_arrays.UserArrays, host_arrays.UserArrays
 ]
 
+# A reduce_scatter's fingerprint; per parity this rank's slot as [size, n] and this rank's
+# column of every rank's slot as [size, n]; the numpy form (the ufunc, the slot as a flat
+# array and the column per parity, the caller views of the input and the output) or None;
+# for a plain sum of two ranks the column's two rows per parity, else None.
+_RsTiny = tuple[
+    Any, tuple[Any, Any], tuple[Any, Any], host_arrays.UserArrays, host_arrays.UserArrays
+]
+RsPlan = tuple[Fingerprint, _Pair, _Pair, "_RsTiny | None", "tuple[_Pair, _Pair] | None"]
+
 
 #: Inline flag checks before a wait enters the channel's loop (whose every pass costs about
 #: a microsecond): a peer a few microseconds behind is seen within ~0.05 us of arriving.
@@ -78,6 +90,8 @@ class OneShot:
         self._reduce_fps: dict[tuple[object, ...], Fingerprint] = {}
         #: By (fingerprint kind, dtype, count per peer); None: too large for one round.
         self.copy_plans: dict[tuple[int, torch.dtype, int], CopyPlan | None] = {}
+        #: By (dtype, count per rank, reduce-op value); None: not one round.
+        self.rs_plans: dict[tuple[torch.dtype, int, int], RsPlan | None] = {}
         self._barrier_fp = F.make(F.BARRIER, None, 0)
         # Flag checks a wait makes inline before the channel's wait loop (about 0.05 us
         # each, so a few microseconds): none when ranks share cores, as in the policy.
@@ -170,6 +184,49 @@ class OneShot:
         if len(self.copy_plans) > 256:
             self.copy_plans.clear()
         self.copy_plans[(kind, dtype, n)] = plan
+        return plan
+
+    def rs_plan(self, dtype: torch.dtype, n: int, op: ReduceOp) -> RsPlan | None:
+        """Views and fingerprint of a one-round reduce_scatter of ``n`` elements per rank
+        (None: too large, or PREMUL_SUM, whose pre-multiplication the slot path does)."""
+        chan = self.chan
+        size, me, es = self.size, self.rank, dtype.itemsize
+        sent = size * n * es
+        t = op.type
+        plan: RsPlan | None = None
+        one_round = sent <= host_arrays.MAX_BYTES and sent <= chan.layout.slot_bytes
+        if one_round and t is not RedOpType.PREMUL_SUM:
+            stride = chan.layout.slot_bytes // es
+            offset = chan.layout.slot_offset
+            own = (
+                chan.view(offset(0, me), dtype, (size, n), (n, 1)),
+                chan.view(offset(1, me), dtype, (size, n), (n, 1)),
+            )
+            cols = (
+                chan.view(offset(0, 0) + me * n * es, dtype, (size, n), (stride, 1)),
+                chan.view(offset(1, 0) + me * n * es, dtype, (size, n), (stride, 1)),
+            )
+            tiny: _RsTiny | None = None
+            ufunc = host_arrays.ufunc_for(dtype, t, sent)
+            if ufunc is not None:
+                seg = host_arrays.segment_array
+                tiny = (
+                    ufunc,
+                    (
+                        seg(chan.slot(me, 0, dtype, size * n)),
+                        seg(chan.slot(me, 1, dtype, size * n)),
+                    ),
+                    (seg(cols[0]), seg(cols[1])),
+                    host_arrays.UserArrays(dtype, size * n),
+                    host_arrays.UserArrays(dtype, n),
+                )
+            pairs = None
+            if size == 2 and t is RedOpType.SUM and dtype is not torch.bool:
+                pairs = ((cols[0][0], cols[0][1]), (cols[1][0], cols[1][1]))
+            plan = (F.make(F.REDUCE_SCATTER, dtype, n, -1, op), own, cols, tiny, pairs)
+        if len(self.rs_plans) > 256:
+            self.rs_plans.clear()
+        self.rs_plans[(dtype, n, op._type._value_)] = plan
         return plan
 
     def reduce_fp(self, dtype: torch.dtype, n: int, root: int, op: ReduceOp) -> Fingerprint:
@@ -265,6 +322,35 @@ class OneShot:
         self._meet(k, p, fp, deadline, what)
         outs.of(out).reshape(self.size, -1)[...] = rows[p]
         host_arrays.mark_written((out,))
+        chan.finish(k)
+
+    def reduce_scatter(
+        self,
+        out: torch.Tensor,
+        inputs: torch.Tensor,
+        op: ReduceOp,
+        plan: RsPlan,
+        deadline: Deadline,
+    ) -> None:
+        """One round: ``out`` (``n``) gets the reduction of every rank's row ``rank`` of
+        ``inputs`` (``[size, n]``, contiguous)."""
+        fp, own, cols, tiny, pairs = plan
+        chan = self.chan
+        chan.op_seq += 1
+        k = chan.begin(deadline)
+        p = k & 1
+        if tiny is not None:
+            tiny[1][p][...] = tiny[3].of(inputs)
+        else:
+            own[p].copy_(inputs)
+        self._meet(k, p, fp, deadline, "reduce_scatter")
+        if tiny is not None:
+            tiny[0].reduce(tiny[2][p], 0, out=tiny[4].of(out))
+            host_arrays.mark_written((out,))
+        elif pairs is not None:
+            torch.add(pairs[p][0], pairs[p][1], out=out)
+        else:
+            reduce_rows(cols[p], out, op)
         chan.finish(k)
 
     def barrier(self, deadline: Deadline) -> None:
