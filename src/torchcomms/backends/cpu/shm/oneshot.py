@@ -8,7 +8,7 @@
   fingerprint), and the others copy out once everyone arrived;
 * all_gather and uniform all_to_all up to ``host_arrays.MAX_BYTES`` per rank: every rank
   copies its input into its slot, publishes, and copies its part of every rank's slot into
-  its output, as bytes (numpy: a copy needs no dtype, so every dtype takes it).
+  its output, as bytes (numpy: a copy needs no dtype, so every dtype takes it);
 * reduce_scatter whose whole input is up to ``host_arrays.MAX_BYTES``: every rank copies its
   input into its slot, publishes, and reduces its column of every rank's slot into its
   output (numpy where it is exact, else the slot path's torch kernels, so the bits match).
