@@ -8,7 +8,8 @@
 * Several live shm communicators at once, interleaved and async, and splits of them.
 * Resources: 200 create/finalize cycles leave no ``/dev/shm`` entry, mapping or fd behind;
   a live communicator's segment is already unlinked; ``sweep_stale`` removes dead owners'.
-* Faults: a peer SIGKILLed mid-collective, a rank that skips a collective (timeout),
+* Faults: a peer SIGKILLed mid-collective or between a single-copy op's address round and
+  its copy, a rank that skips a collective (timeout),
   mismatched collectives, a peer that finalizes early; typed errors naming the ranks, then
   a poisoned communicator.
 * Point-to-point: crossed large async sends, batches to several peers, message order, size
@@ -55,6 +56,7 @@ from torchcomms import (
     TorchWork,
     new_comm,
 )
+from torchcomms.backends.cpu.shm import single_copy
 from torchcomms.transport.shm import segment as shm_segment
 
 CPU = torch.device("cpu")
@@ -687,8 +689,6 @@ def _killed_between_address_and_copy(ctx: RankContext, report_dir: str, op: str)
     rooted at rank 1 (whose peer, rank 0, writes its third into rank 1's tensor).  Rank 0
     must raise ``PeerFailureError`` naming rank 1, whichever of the write, the read or the
     last round finds out first."""
-    from torchcomms.backends.cpu.shm import single_copy
-
     me = ctx.rank
     comm = _shm(ctx, f"k_sc_{op}")
     n = (4 << 20) // 4
