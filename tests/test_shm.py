@@ -57,6 +57,7 @@ from torchcomms import (
     new_comm,
 )
 from torchcomms.backends.cpu.shm import single_copy
+from torchcomms.transport.errors import WaitError
 from torchcomms.transport.shm import segment as shm_segment
 
 CPU = torch.device("cpu")
@@ -717,10 +718,19 @@ def _killed_between_address_and_copy(ctx: RankContext, report_dir: str, op: str)
     try:
         call()
     except Exception as exc:
-        seen = {"type": type(exc).__name__, "text": str(exc)}
+        seen: dict[str, Any] = {"type": type(exc).__name__, "text": str(exc)}
     else:
         seen = {"type": None, "text": "returned"}
     seen["s"] = time.monotonic() - start
+    # Rank 1 is gone now (at most a zombie): moving bytes into or out of it, as the single copy
+    # does, fails with "process gone", and the error names it.
+    single = comm.get_backend_impl()._ops.coll.single  # type: ignore[attr-defined]
+    word = torch.zeros(1, dtype=torch.int64)
+    for write in (True, False):
+        try:
+            single._move(write, 1, word.data_ptr(), 4096, 8, op)
+        except WaitError as exc:
+            seen[f"move write={write}"] = [exc.kind, exc.ranks, str(exc)]
     Path(report_dir, "rank0.json").write_text(json.dumps(seen))
     comm.finalize()
 
@@ -736,6 +746,16 @@ def test_a_peer_killed_inside_a_single_copy_op_is_named(tmp_path: Path, op: str)
     assert got["type"] == PeerFailureError.__name__, got
     assert "peer rank 1 died" in got["text"] and op in got["text"], got
     assert got["s"] < DEAD_PEER_BOUND_S, got
+    assert got["move write=True"] == [
+        "dead",
+        [1],
+        f"peer rank 1 died (process gone) while this rank wrote into its memory for {op}",
+    ]
+    assert got["move write=False"] == [
+        "dead",
+        [1],
+        f"peer rank 1 died (process gone) while this rank read its data for {op}",
+    ]
 
 
 def _timeouts_and_mismatches(ctx: RankContext) -> dict[str, Any]:
@@ -1290,6 +1310,21 @@ def _pair_reductions(ctx: RankContext, disable_on: int) -> dict[str, Any]:
         got[label] = {"wrong": wrong, "single_copy": coll.single.usable}
         if label == "on":
             assert coll.single.own_cores == (not coll.chan.policy.oversubscribed)
+            # A peer that is alive but whose memory is not there (address 4096): the failure
+            # names the peer and the kernel's reason, and touches nothing here.
+            word = torch.full((1,), 7, dtype=torch.int64)
+            for write, doing in (
+                (True, "writing into the memory of"),
+                (False, "reading the data of"),
+            ):
+                with pytest.raises(WaitError) as info:
+                    coll.single._move(write, 1 - me, word.data_ptr(), 4096, 8, "reduce")
+                assert info.value.kind == "peer_failed" and info.value.ranks == [1 - me]
+                assert (
+                    str(info.value) == f"{doing} peer rank {1 - me} for reduce failed: Bad address"
+                )
+            assert word.item() == 7
+            comm.barrier(False)  # neither returns while the other still probes its memory
         comm.finalize()
     return got
 

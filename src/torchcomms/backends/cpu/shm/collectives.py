@@ -229,12 +229,9 @@ class ShmCollectives:
         size, me = self.size, self.rank
         n = out.numel()
         dtype = out.dtype
-        oneshot = self.oneshot
-        key = (dtype, n, op._type._value_)
-        plans = oneshot.rs_plans
-        plan = plans[key] if key in plans else oneshot.rs_plan(dtype, n, op)
+        plan = self.oneshot.rs_plan(dtype, n, op)
         if plan is not None:
-            oneshot.reduce_scatter(out, inputs, op, plan, deadline)
+            self.oneshot.reduce_scatter(out, inputs, op, plan, deadline)
             return
         fp = F.make(F.REDUCE_SCATTER, dtype, n, -1, op) if self._enter() else None
         per = max(chan.slot_capacity(dtype) // size, 1)
@@ -381,12 +378,9 @@ class ShmCollectives:
         chan = self.chan
         n = inp.numel()
         dtype = inp.dtype
-        oneshot = self.oneshot
-        key = (F.ALL_GATHER, dtype, n)
-        plans = oneshot.copy_plans
-        plan = plans[key] if key in plans else oneshot.copy_plan(F.ALL_GATHER, dtype, n)
+        plan = self.oneshot.copy_plan(F.ALL_GATHER, dtype, n)
         if plan is not None:
-            oneshot.copy_round(out, inp, plan, deadline, "all_gather")
+            self.oneshot.copy_round(out, inp, plan, deadline, "all_gather")
             return
         fp = F.make(F.ALL_GATHER, dtype, n) if self._enter() else None
         if self.single.wanted(n * dtype.itemsize, fp, deadline):
@@ -444,12 +438,9 @@ class ShmCollectives:
         item = dtype.itemsize
         if uniform:
             n = in_splits[0]
-            oneshot = self.oneshot
-            key = (F.ALL_TO_ALL, dtype, n)
-            plans = oneshot.copy_plans
-            plan = plans[key] if key in plans else oneshot.copy_plan(F.ALL_TO_ALL, dtype, n)
-            if plan is not None and n > 0:
-                oneshot.copy_round(out, inp, plan, deadline, "all_to_all")
+            plan = self.oneshot.copy_plan(F.ALL_TO_ALL, dtype, n) if n else None
+            if plan is not None:
+                self.oneshot.copy_round(out, inp, plan, deadline, "all_to_all")
                 return
             fp = F.make(F.ALL_TO_ALL, dtype, n) if self._enter() else None
             if n == 0:

@@ -69,6 +69,18 @@ _RsTiny = tuple[
 RsPlan = tuple[Fingerprint, _Pair, _Pair, "_RsTiny | None", "tuple[_Pair, _Pair] | None"]
 
 
+#: Shapes a plan cache holds before it starts over (a program uses a handful of shapes).
+_PLANS_KEPT = 256
+
+
+def _kept(cache: dict[Any, Any], key: Any, value: Any) -> Any:
+    """``cache[key] = value``, starting the cache over when it is full; returns ``value``."""
+    if len(cache) > _PLANS_KEPT:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
 #: Inline flag checks before a wait enters the channel's loop (whose every pass costs about
 #: a microsecond): a peer a few microseconds behind is seen within ~0.05 us of arriving.
 TIGHT_CHECKS = 64
@@ -123,10 +135,7 @@ class OneShot:
                 self._tiny_plan(slots, rows, dtype, n, t),
                 pairs,
             )
-        if len(self.plans) > 256:
-            self.plans.clear()
-        self.plans[(dtype, n, op._type._value_)] = plan
-        return plan
+        return _kept(self.plans, (dtype, n, op._type._value_), plan)
 
     def _tiny_plan(
         self, slots: _Pair, rows: _Pair, dtype: torch.dtype, n: int, op: RedOpType
@@ -157,15 +166,15 @@ class OneShot:
             seg = host_arrays.segment_array
             tiny = (seg(slots[0]), seg(slots[1])), host_arrays.UserArrays(dtype, n)
         plan = (F.make(F.BROADCAST, dtype, n, root), slots, tiny)
-        if len(self.bcast_plans) > 256:
-            self.bcast_plans.clear()
-        self.bcast_plans[(dtype, n, root)] = plan
-        return plan
+        return _kept(self.bcast_plans, (dtype, n, root), plan)
 
     def copy_plan(self, kind: int, dtype: torch.dtype, n: int) -> CopyPlan | None:
         """Views and fingerprint of an all_gather (``kind`` ``F.ALL_GATHER``) or uniform
         all_to_all (``F.ALL_TO_ALL``) moving ``n`` elements to each peer (None: more than
-        one round of numpy copies)."""
+        one round of numpy copies), made once per shape."""
+        key = (kind, dtype, n)
+        if key in self.copy_plans:
+            return self.copy_plans[key]
         chan = self.chan
         nbytes = n * dtype.itemsize
         sent = nbytes if kind == F.ALL_GATHER else nbytes * self.size
@@ -181,14 +190,15 @@ class OneShot:
                 host_arrays.UserArrays(u8, sent),
                 host_arrays.UserArrays(u8, nbytes * self.size),
             )
-        if len(self.copy_plans) > 256:
-            self.copy_plans.clear()
-        self.copy_plans[(kind, dtype, n)] = plan
-        return plan
+        return _kept(self.copy_plans, key, plan)
 
     def rs_plan(self, dtype: torch.dtype, n: int, op: ReduceOp) -> RsPlan | None:
         """Views and fingerprint of a one-round reduce_scatter of ``n`` elements per rank
-        (None: too large, or PREMUL_SUM, whose pre-multiplication the slot path does)."""
+        (None: too large, or PREMUL_SUM, whose pre-multiplication the slot path does), made
+        once per shape."""
+        key = (dtype, n, op._type._value_)
+        if key in self.rs_plans:
+            return self.rs_plans[key]
         chan = self.chan
         size, me, es = self.size, self.rank, dtype.itemsize
         sent = size * n * es
@@ -224,19 +234,14 @@ class OneShot:
             if size == 2 and t is RedOpType.SUM and dtype is not torch.bool:
                 pairs = ((cols[0][0], cols[0][1]), (cols[1][0], cols[1][1]))
             plan = (F.make(F.REDUCE_SCATTER, dtype, n, -1, op), own, cols, tiny, pairs)
-        if len(self.rs_plans) > 256:
-            self.rs_plans.clear()
-        self.rs_plans[(dtype, n, op._type._value_)] = plan
-        return plan
+        return _kept(self.rs_plans, key, plan)
 
     def reduce_fp(self, dtype: torch.dtype, n: int, root: int, op: ReduceOp) -> Fingerprint:
         key = (dtype, n, root, op._type._value_)
         fp = self._reduce_fps.get(key)
         if fp is None or op._type is RedOpType.PREMUL_SUM:  # its factor is part of it
             fp = F.make(F.REDUCE, dtype, n, root, op)
-            if len(self._reduce_fps) > 256:
-                self._reduce_fps.clear()
-            self._reduce_fps[key] = fp
+            _kept(self._reduce_fps, key, fp)
         return fp
 
     # -- rounds --------------------------------------------------------------------------------

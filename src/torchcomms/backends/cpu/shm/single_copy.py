@@ -31,6 +31,7 @@ import functools
 import os
 import secrets
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 
@@ -228,9 +229,8 @@ class SingleCopy:
                     self._move(True, r, ptr, addresses[r], head, "broadcast")
         else:
             self._read(root, ptr + head, addresses[root] + head, nbytes - head, "broadcast")
-        self._done(deadline, "broadcast")
-        if chan.rank != root:
             host_arrays.mark_written((flat,))
+        self._done(deadline, "broadcast")
 
     def all_reduce_pair(
         self,
@@ -248,7 +248,7 @@ class SingleCopy:
         n = flat.numel()
         shard = -(-n // 2)
         lo, hi = min(me * shard, n), min((me + 1) * shard, n)
-        self._combine(flat, lo, hi, other, addresses[other], fn, "all_reduce", write_back=True)
+        self._combine(flat, lo, hi, other, addresses[other], fn, "all_reduce", "both")
         self._done(deadline, "all_reduce")
 
     def reduce_pair(
@@ -271,7 +271,7 @@ class SingleCopy:
         if me == root:
             self._combine(flat, split, n, other, addresses[other], fn, "reduce")
         elif split:
-            self._combine_into(flat, split, root, addresses[root], fn, "reduce")
+            self._combine(flat, 0, split, root, addresses[root], fn, "reduce", "peer")
         self._done(deadline, "reduce")
 
     def _combine(
@@ -283,10 +283,13 @@ class SingleCopy:
         remote: int,
         fn: Callable[..., torch.Tensor],
         what: str,
-        write_back: bool = False,
+        where: Literal["here", "both", "peer"] = "here",
     ) -> None:
-        """``flat[lo:hi] = fn(flat[lo:hi], the peer's [lo:hi])``, a piece at a time; with
-        ``write_back`` each combined piece goes into the peer's ``[lo:hi]`` too."""
+        """Combine ``flat[lo:hi]`` with the peer's ``[lo:hi]``, a piece at a time, into this
+        rank's ``flat`` (``here``), into both (``both``: each combined piece is written back
+        while in cache), or only into the peer's (``peer``: ``flat`` is left as it was).
+        For a reduce the root's operand goes first wherever the result lands, so either
+        side gives the same bits; an all_reduce computes each piece once for both ranks."""
         es = flat.element_size()
         piece = max(_PIECE_BYTES // es, 1)
         scratch = self._scratch_of(flat.dtype, piece)
@@ -295,30 +298,14 @@ class SingleCopy:
             part = scratch[: e - s]
             self._read(peer, part.data_ptr(), remote + s * es, (e - s) * es, what)
             mine = flat[s:e]
-            fn(mine, part, out=mine)
-            if write_back:
-                self._move(True, peer, mine.data_ptr(), remote + s * es, (e - s) * es, what)
-
-    def _combine_into(
-        self,
-        flat: torch.Tensor,
-        hi: int,
-        peer: int,
-        remote: int,
-        fn: Callable[..., torch.Tensor],
-        what: str,
-    ) -> None:
-        """The peer's ``[0:hi] = fn(the peer's [0:hi], flat[0:hi])``, a piece at a time (the
-        operands in ``_combine``'s order, so either side gives the same bits)."""
-        es = flat.element_size()
-        piece = max(_PIECE_BYTES // es, 1)
-        scratch = self._scratch_of(flat.dtype, piece)
-        for s in range(0, hi, piece):
-            e = min(s + piece, hi)
-            part = scratch[: e - s]
-            self._read(peer, part.data_ptr(), remote + s * es, (e - s) * es, what)
-            fn(part, flat[s:e], out=part)
-            self._move(True, peer, part.data_ptr(), remote + s * es, (e - s) * es, what)
+            if where == "peer":  # the root's operand first, as the root has it
+                fn(part, mine, out=part)
+                result = part
+            else:
+                fn(mine, part, out=mine)
+                result = mine
+            if where != "here":
+                self._move(True, peer, result.data_ptr(), remote + s * es, (e - s) * es, what)
 
     def _scratch_of(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
         got = self._scratch.get(dtype)
