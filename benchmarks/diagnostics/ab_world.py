@@ -29,6 +29,8 @@ import tempfile
 
 from _doc import write_doc
 
+from torchcomms.bench.metrics import parse_size
+
 OPS = (
     "all_reduce",
     "broadcast",
@@ -100,12 +102,6 @@ if rank == 0:
 """
 
 
-def _bytes(text: str) -> int:
-    """``8``, ``4K``, ``16M``: a size in bytes."""
-    scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:].upper(), 1)
-    return int(text[:-1] if scale > 1 else text) * scale
-
-
 def _job(src: str, iters: int, ops: str, sizes: str, transports: str) -> dict[str, float]:
     path = tempfile.mktemp(prefix="ab_world_")
     procs = []
@@ -145,7 +141,7 @@ def main() -> None:
     ap.add_argument("--transports", default="shm,tcp")
     ap.add_argument("--json")
     args = ap.parse_args()
-    sizes = ",".join(str(_bytes(x)) for x in args.sizes.split(","))
+    sizes = ",".join(str(parse_size(x)) for x in args.sizes.split(","))
     runs: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
     pair = (("A", args.a_src), ("B", args.b_src))
     for block in range(args.blocks):

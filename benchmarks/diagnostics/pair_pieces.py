@@ -19,12 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _ranks import run_local_ranks
 
-_UNITS = {"K": 1 << 10, "M": 1 << 20}
-
-
-def _bytes(text: str) -> int:
-    unit = _UNITS.get(text[-1].upper(), 1)
-    return int(text.rstrip("KkMm")) * unit
+from torchcomms.bench.metrics import parse_size
 
 
 def child() -> None:
@@ -37,8 +32,8 @@ def child() -> None:
     rank = int(os.environ["TORCHCOMM_RANK"])
     os.sched_setaffinity(0, {rank % os.cpu_count()})  # type: ignore[operator]
     comm = torchcomms.new_comm("gloo", torch.device("cpu"), name="pair_pieces")
-    nbytes, op = _bytes(sys.argv[1]), sys.argv[2]
-    pieces = [_bytes(p) for p in sys.argv[3].split(",")]
+    nbytes, op = parse_size(sys.argv[1]), sys.argv[2]
+    pieces = [parse_size(p) for p in sys.argv[3].split(",")]
     tensor = torch.ones(nbytes // 4)
     times: dict[int, list[float]] = {p: [] for p in pieces}
     for _ in range(60):

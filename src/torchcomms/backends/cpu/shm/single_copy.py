@@ -215,8 +215,8 @@ class SingleCopy:
     ) -> None:
         """Every rank but ``root`` gets the root's ``flat`` into its own.  While each rank
         has a core, the root, idle otherwise, writes the first ``1/size`` of it into every
-        peer as each peer reads the rest (2 ranks, 4-64 MiB: 38-42 % less time; with ranks
-        sharing cores it gained nothing, so there the peers read it all)."""
+        peer as each peer reads the rest (2 ranks, 4 and 16 MiB: about half the time; with
+        ranks sharing cores it gained nothing, so there the peers read it all)."""
         addresses = self._addresses(flat.data_ptr(), fp, deadline, "broadcast")
         nbytes = flat.numel() * flat.element_size()
         chan = self.chan
