@@ -10,7 +10,8 @@ communicator (a post-hook on ``get_comm()`` counts it):
 * every first import (``torchcomms``, ``torchcomms.distwrap``, ``torchcomms.functional``,
   ``torchcomms.objcol``, ``torch.distributed``) with the switch on in the environment gives
   ``_BackendWrapper``, and with ``torch.distributed.config.use_torchcomms`` then set off, plain
-  ``ProcessGroup`` (gloo); with the variable unset, the reverse;
+  ``ProcessGroup`` (gloo); with the variable unset, the reverse (two first imports in the
+  default run, the other three with ``-m slow``);
 * a broken install (``torchcomms.objcol`` failing to import) seen by PyTorch first: the first
   ``init_process_group`` under the switch raises ``RuntimeError`` naming the cause, never a
   silent gloo group; a name of torchcomms that never got bound raises ``ImportError`` with it;
@@ -134,14 +135,34 @@ def _run(code: str, *args: str, switch: bool = True) -> str:
     return proc.stdout
 
 
-@pytest.mark.parametrize("switch", [True, False], ids=["switch_on", "switch_off"])
-def test_every_import_order_gives_the_group_the_switch_asks_for(switch: bool) -> None:
+#: With the switch off, the default run takes the two first imports furthest apart (ours and
+#: PyTorch's); the other three are the ``-m slow`` cell.  Every interpreter also flips
+#: ``use_torchcomms`` and checks the other state, so each cell sees both group types.
+OFF_FIRST = ("torchcomms", "torch.distributed")
+
+
+@pytest.mark.parametrize(
+    ("switch", "firsts"),
+    [
+        (True, FIRST_IMPORTS),
+        (False, OFF_FIRST),
+        pytest.param(
+            False,
+            tuple(f for f in FIRST_IMPORTS if f not in OFF_FIRST),
+            marks=pytest.mark.slow,
+        ),
+    ],
+    ids=["switch_on", "switch_off", "switch_off_other_imports"],
+)
+def test_every_import_order_gives_the_group_the_switch_asks_for(
+    switch: bool, firsts: tuple[str, ...]
+) -> None:
     with ThreadPoolExecutor(max_workers=2) as pool:  # two interpreters at a time: 2 cores
-        outputs = list(pool.map(lambda first: _run(CASE, first, switch=switch), FIRST_IMPORTS))
+        outputs = list(pool.map(lambda first: _run(CASE, first, switch=switch), firsts))
     ours, plain = "_BackendWrapper:True", "ProcessGroup:False"
     want = f"RESULT {ours} {plain}" if switch else f"RESULT {plain} {ours}"
-    got = {first: out.strip().splitlines()[-1] for first, out in zip(FIRST_IMPORTS, outputs, strict=True)}
-    assert got == {first: want for first in FIRST_IMPORTS}, got
+    got = {first: out.strip().splitlines()[-1] for first, out in zip(firsts, outputs, strict=True)}
+    assert got == dict.fromkeys(firsts, want), got
 
 
 def test_a_broken_install_is_said_never_a_silent_fallback() -> None:
