@@ -9,7 +9,7 @@ survivors' step and weights).  Every committed step's average is checked against
 participants' values, and the weights of every step against the other replicas'.
 
 Two placements: ``processes`` (one process per replica, as a user runs them; the restarted
-replica heals through ``torchcomms.ft.RdmaCheckpointTransport``) and ``mixed``
+replica heals through ``torchcomms.ft.RdmaCheckpointTransport``) and, with ``-m slow``, ``mixed``
 (r0 and r1 as threads of one process, torchft's test pattern, and r2 a process of its own):
 there the two communicators in one process reconfigure into one group with each other and
 with the one in the other process, and after r2's kill into a group of the two threads
@@ -56,7 +56,10 @@ class _Replica:
 
 @pytest.mark.parametrize(
     ("placement", "checkpoint"),
-    [("processes", "rdma"), ("mixed", "http")],
+    # mixed with -m slow: replicas as threads of one process reconfiguring into one group and
+    # healing over HTTP are torchft's own scenarios in tests/test_torchft_modes.py, a replica
+    # process killed and rejoined is the processes cell.
+    [("processes", "rdma"), pytest.param("mixed", "http", marks=pytest.mark.slow)],
     ids=["processes-rdma", "mixed-http"],
 )
 def test_torchft_replica_killed_and_rejoined(placement: str, checkpoint: str) -> None:
