@@ -10,9 +10,10 @@ data), and counts graphs with a ``CompileCounterWithBackend`` (exactly one per c
 graph breaks with ``torch._dynamo.utils.counters`` (none).
 
 The default run spawns one world of 2 with the flag set and compiles, over shm, one graph
-covering five cases and one graph for each of the other cases.  ``in_place`` (collectives on the graph's input, no compute) is compiled
-by Inductor, the rest by ``aot_eager`` (Dynamo, AOTAutograd and functionalization without
-Inductor's C++ codegen, whose first kernel costs 12-18 s on 2 cores with a cold cache).  Then
+covering five cases and one graph for each of the other cases.  ``in_place`` (collectives on
+the graph's input, no compute) is compiled by Inductor, the rest by ``aot_eager`` (Dynamo,
+AOTAutograd and functionalization without Inductor's C++ codegen, whose first kernel costs
+12-18 s on 2 cores with a cold cache).  Then
 the autograd cases and what reaches the eager path (hints, timeouts, hooks, an unwaited async
 op).  The flag unset runs on the harness's pooled workers.  ``-m compile_matrix`` compiles
 every case on its own with Inductor (compute kernels included) at worlds 2 and 3 over both
