@@ -191,7 +191,13 @@ def main() -> None:
         print(f"  {step:8s} {us:8.2f} us {us / 2:8.2f} us")
     print(f"  (comm over {comm['transport']})")
     if args.json:
-        write_doc(args.json, " ".join(sys.argv), results, transport=comm["transport"])
+        write_doc(
+            args.json,
+            " ".join(sys.argv),
+            results,
+            unit="us per round trip, p50",
+            transport=comm["transport"],
+        )
 
 
 if __name__ == "__main__":
