@@ -16,7 +16,9 @@ to do:
 * ``comm``: the same ping-pong through ``TorchComm.send``/``recv`` on a 2-rank shm
   communicator (what ``python -m torchcomms.bench --op sendrecv -b 8 -e 8`` times).
 
-Prints the p50 round trip of each step (timed one by one on the first process) and half
+Each rank of the comm step also times a plain Python function call before its loop (the
+slower rank's is printed): on this VM a process's Python speed differs from one launch to the
+next (the same call 50-60 ns in some, 75-90 ns in others), and the round trips follow.  Prints the p50 round trip of each step (timed one by one on the first process) and half
 of it, the one-way time the bench reports for sendrecv, best of ``--rounds`` rounds of
 ``--calls`` round trips.  Open MPI's own on the same machine:
 ``mpirun -n 2 python -m torchcomms.bench --vs mpi --op sendrecv -b 8 -e 8``.
@@ -32,6 +34,7 @@ import os
 import sys
 import tempfile
 import time
+import timeit
 from datetime import timedelta
 from pathlib import Path
 
@@ -148,6 +151,7 @@ def _comm_child(calls: int, rounds: int) -> None:
     )
     mine, got = torch.full((1,), float(rank)), torch.zeros(1)
     clock = time.perf_counter_ns
+    py_call_ns = _py_call_ns()  # each rank's own speed, beside its round trips
     best = float("inf")
     for _ in range(rounds):
         times = []
@@ -162,9 +166,23 @@ def _comm_child(calls: int, rounds: int) -> None:
             times.append(clock() - t0)
         best = min(best, _p50_us(times))
     transport = str(getattr(comm.get_backend_impl(), "transport", ""))
+    slower = torch.tensor([py_call_ns], dtype=torch.float64)
+    comm.all_reduce(slower, torchcomms.ReduceOp.MAX, False)
+    py_call_ns = float(slower[0])
     comm.finalize()
     if rank == 0:
-        Path(os.environ[_OUT]).write_text(json.dumps({"comm": best, "transport": transport}))
+        doc = {"comm": best, "transport": transport, "py_call_ns": py_call_ns}
+        Path(os.environ[_OUT]).write_text(json.dumps(doc))
+
+
+def _py_call_ns() -> float:
+    """One call of a two-argument Python function, best of 3 x 100000, in ns: how fast this
+    process runs plain Python (on this VM it differs from one launch to the next)."""
+
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    return min(timeit.repeat(lambda: add(1, 2), number=100_000, repeat=3)) / 100_000 * 1e9
 
 
 def main() -> None:
@@ -189,7 +207,9 @@ def main() -> None:
     print("  step      round trip   one way (the bench's sendrecv column)")
     for step, us in results.items():
         print(f"  {step:8s} {us:8.2f} us {us / 2:8.2f} us")
-    print(f"  (comm over {comm['transport']})")
+    print(
+        f"  (comm over {comm['transport']}; a Python call took {comm['py_call_ns']:.0f} ns there)"
+    )
     if args.json:
         write_doc(
             args.json,
@@ -197,6 +217,7 @@ def main() -> None:
             results,
             unit="us per round trip, p50",
             transport=comm["transport"],
+            comm_py_call_ns=comm["py_call_ns"],
         )
 
 
