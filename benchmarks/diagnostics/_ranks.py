@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from typing import Any
 
 
 def run_local_ranks(script: str, child_flag: str, size: int = 2) -> int:
@@ -26,3 +27,14 @@ def run_local_ranks(script: str, child_flag: str, size: int = 2) -> int:
         for rank in range(size)
     ]
     return max(p.wait() for p in procs)
+
+
+def round_trip(comm: Any, rank: int, mine: Any, got: Any) -> None:
+    """One sync ping-pong between ranks 0 and 1 of ``comm`` (what the bench's sendrecv times):
+    rank 0 sends ``mine`` and receives into ``got``, rank 1 receives and then sends."""
+    if rank == 0:
+        comm.send(mine, 1, False)
+        comm.recv(got, 1, False)
+    else:
+        comm.recv(got, 0, False)
+        comm.send(mine, 0, False)

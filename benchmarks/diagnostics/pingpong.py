@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _ranks import run_local_ranks
+from _ranks import round_trip, run_local_ranks
 
 
 def parent() -> None:
@@ -71,12 +71,7 @@ def child() -> None:
             yields[:] = [0, 0.0]
             dozes[0] = 0
         t0 = time.perf_counter()
-        if rank == 0:
-            comm.send(x, 1, False)
-            comm.recv(y, 1, False)
-        else:
-            comm.recv(y, 0, False)
-            comm.send(x, 0, False)
+        round_trip(comm, rank, x, y)
         rtts.append(time.perf_counter() - t0)
     cpu_us = (time.process_time() - cpu0) / len(rtts) * 1e6  # this rank's CPU per round trip
     per_rt = len(rtts)

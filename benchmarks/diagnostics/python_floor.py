@@ -42,7 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _doc import write_doc
-from _ranks import run_local_ranks
+from _ranks import round_trip, run_local_ranks
 
 _CHILD = "PYTHON_FLOOR_CHILD"
 _OUT = "PYTHON_FLOOR_OUT"
@@ -157,12 +157,7 @@ def _comm_child(calls: int, rounds: int) -> None:
         times = []
         for _ in range(calls):
             t0 = clock()
-            if rank == 0:
-                comm.send(mine, 1, False)
-                comm.recv(got, 1, False)
-            else:
-                comm.recv(got, 0, False)
-                comm.send(mine, 0, False)
+            round_trip(comm, rank, mine, got)
             times.append(clock() - t0)
         best = min(best, _p50_us(times))
     transport = str(getattr(comm.get_backend_impl(), "transport", ""))

@@ -22,7 +22,7 @@ from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _ranks import run_local_ranks
+from _ranks import round_trip, run_local_ranks
 
 ROUND_TRIPS = 20000
 WARMUP = 500
@@ -44,12 +44,7 @@ def child() -> None:
     clock = time.perf_counter_ns
     for i in range(ROUND_TRIPS + WARMUP):
         t0 = clock()
-        if rank == 0:
-            comm.send(tensor, 1, False)
-            comm.recv(tensor, 1, False)
-        else:
-            comm.recv(tensor, 0, False)
-            comm.send(tensor, 0, False)
+        round_trip(comm, rank, tensor, tensor)
         if i >= WARMUP:
             times[i - WARMUP] = (clock() - t0) / 1e3
     if rank == 0:

@@ -71,6 +71,9 @@ RsPlan = tuple[Fingerprint, _Pair, _Pair, "_RsTiny | None", "tuple[_Pair, _Pair]
 
 #: Shapes a plan cache holds before it starts over (a program uses a handful of shapes).
 _PLANS_KEPT = 256
+#: What a plan cache's ``get`` returns for a shape it has no entry for (None is an entry:
+#: "not one round").
+_NOT_KEPT: Any = object()
 
 
 def _kept(cache: dict[Any, Any], key: Any, value: Any) -> Any:
@@ -173,8 +176,9 @@ class OneShot:
         all_to_all (``F.ALL_TO_ALL``) moving ``n`` elements to each peer (None: more than
         one round of numpy copies), made once per shape."""
         key = (kind, dtype, n)
-        if key in self.copy_plans:
-            return self.copy_plans[key]
+        kept = self.copy_plans.get(key, _NOT_KEPT)  # one lookup: this runs on every op
+        if kept is not _NOT_KEPT:
+            return kept
         chan = self.chan
         nbytes = n * dtype.itemsize
         sent = nbytes if kind == F.ALL_GATHER else nbytes * self.size
@@ -197,8 +201,9 @@ class OneShot:
         (None: too large, or PREMUL_SUM, whose pre-multiplication the slot path does), made
         once per shape."""
         key = (dtype, n, op._type._value_)
-        if key in self.rs_plans:
-            return self.rs_plans[key]
+        kept = self.rs_plans.get(key, _NOT_KEPT)
+        if kept is not _NOT_KEPT:
+            return kept
         chan = self.chan
         size, me, es = self.size, self.rank, dtype.itemsize
         sent = size * n * es
