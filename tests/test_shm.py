@@ -1271,41 +1271,79 @@ def test_large_all_gather_all_to_all_and_broadcast_copy_once_and_agree_to_fall_b
         assert res["one_rank_off"] == {"wrong": [], "single_copy": False}, (rank, res)
 
 
-def _pair_reductions(ctx: RankContext, disable_on: int) -> dict[str, Any]:
-    """Large all_reduce and reduce between two ranks (``SingleCopy.all_reduce_pair`` and
-    ``reduce_pair``): odd sizes, every op on five dtypes, reduce and broadcast from either
-    root; then a communicator on which one rank turned the path off."""
+def _two_rank_copies(ctx: RankContext, comm: TorchComm) -> list[str]:
+    """all_gather (out of place, in place, from another rank's row) and all_to_all (out of
+    place, in place) of just over a slot per rank, so the slot path runs two rounds."""
+    me, wrong = ctx.rank, []
+    for dtype in (torch.float32, torch.bfloat16, torch.bool):
+        per = ((1 << 20) + 3) // torch.empty(0, dtype=dtype).element_size() + 1
+        mine = _chunk(me, 0, per, dtype)
+        want = torch.cat([_chunk(r, 0, per, dtype) for r in range(2)])
+        out = torch.zeros(2 * per, dtype=dtype)
+        comm.all_gather_single(out, mine, False)
+        wrong += [f"all_gather {dtype}"] if not torch.equal(out, want) else []
+        inplace = torch.zeros(2 * per, dtype=dtype)
+        inplace[me * per : (me + 1) * per] = mine
+        comm.all_gather_single(inplace, inplace[me * per : (me + 1) * per], False)
+        wrong += [f"all_gather in place {dtype}"] if not torch.equal(inplace, want) else []
+        aliased = torch.zeros(2 * per, dtype=dtype)  # input: the other rank's row
+        row = slice((1 - me) * per, (2 - me) * per)
+        aliased[row] = mine
+        comm.all_gather_single(aliased, aliased[row], False)
+        wrong += [f"all_gather from another row {dtype}"] if not torch.equal(aliased, want) else []
+        inp = torch.cat([_chunk(me, d, per, dtype) for d in range(2)])
+        want = torch.cat([_chunk(s, me, per, dtype) for s in range(2)])
+        out = torch.zeros_like(inp)
+        comm.all_to_all_single(out, inp, False)
+        wrong += [f"all_to_all {dtype}"] if not torch.equal(out, want) else []
+        comm.all_to_all_single(inp, inp, False)
+        wrong += [f"all_to_all in place {dtype}"] if not torch.equal(inp, want) else []
+    return wrong
+
+
+def _pair_ops(ctx: RankContext, disable_on: int) -> dict[str, Any]:
+    """Large all_reduce, reduce and broadcast between two ranks, from 512 KiB by the single copy
+    (``SingleCopy.all_reduce_pair``, ``reduce_pair``, ``broadcast``): odd sizes, every op on
+    five dtypes, reduce and broadcast from either root.  Then a communicator on which one rank
+    turned the single copy off: the slot path, where two ranks trade halves of two-slot
+    chunks, and (``_two_rank_copies``) all_gather and all_to_all pass only the peer's part
+    through the slots."""
     me = ctx.rank
     got: dict[str, Any] = {}
     for label, off in (("on", False), ("one_rank_off", me == disable_on)):
         if off:
             os.environ["TORCHCOMM_SHM_SINGLE_COPY"] = "0"
-        comm = _shm(ctx, f"pair_{label}")
+        comm = _shm(ctx, f"pair_{label}", hints={"shm_slot_bytes": "1M", "shm_oneshot_max": "1M"})
         os.environ.pop("TORCHCOMM_SHM_SINGLE_COPY", None)
         wrong = []
         dtypes = (torch.float32, torch.bfloat16, torch.int32, torch.uint8, torch.bool)
-        for dtype in dtypes if label == "on" else (torch.float32,):
-            n = ((2 << 20) + 5) // torch.empty(0, dtype=dtype).element_size() + 1
-            for red in reds_for(dtype) if label == "on" else ("SUM",):
-                inputs = [data(r, n, dtype, red) for r in range(2)]
-                want = reduce_ref(inputs, red, dtype)
-                t = inputs[me].clone()
-                comm.all_reduce(t, make_op(red), False)
-                if not _close(t, want, dtype, red):
-                    wrong.append(f"all_reduce {dtype} {red}")
-                for root in (0, 1):
+        for dtype in dtypes if label != "one_rank_off" else (torch.float32,):
+            # just over 2 MiB (two of the slot path's pair chunks) and 768 KiB (one slot: the
+            # single copy, or the one-shot round)
+            for nbytes in ((2 << 20) + 5, 768 << 10):
+                n = nbytes // torch.empty(0, dtype=dtype).element_size() + 1
+                for red in reds_for(dtype) if label != "one_rank_off" else ("SUM",):
+                    inputs = [data(r, n, dtype, red) for r in range(2)]
+                    want = reduce_ref(inputs, red, dtype)
                     t = inputs[me].clone()
-                    comm.reduce(t, root, make_op(red), False)
-                    if not _close(t, want if me == root else inputs[me], dtype, red):
-                        wrong.append(f"reduce to {root} {dtype} {red}")
-            # broadcast: with a core per rank the root writes the first half into its peer
-            # as the peer reads the second (an odd size: the split is rounded to pages).
-            for root in (0, 1):
-                want = data(root, n, dtype, "SUM")
-                buf = want.clone() if me == root else torch.zeros_like(want)
-                comm.broadcast(buf, root, False)
-                if not torch.equal(buf, want):
-                    wrong.append(f"broadcast from {root} {dtype}")
+                    comm.all_reduce(t, make_op(red), False)
+                    if not _close(t, want, dtype, red):
+                        wrong.append(f"all_reduce {nbytes} {dtype} {red}")
+                    for root in (0, 1):
+                        t = inputs[me].clone()
+                        comm.reduce(t, root, make_op(red), False)
+                        if not _close(t, want if me == root else inputs[me], dtype, red):
+                            wrong.append(f"reduce {nbytes} to {root} {dtype} {red}")
+                # broadcast: with a core per rank the root writes the first half into its peer
+                # as the peer reads the second (an odd size: the split is rounded to pages).
+                for root in (0, 1):
+                    want = data(root, n, dtype, "SUM")
+                    buf = want.clone() if me == root else torch.zeros_like(want)
+                    comm.broadcast(buf, root, False)
+                    if not torch.equal(buf, want):
+                        wrong.append(f"broadcast {nbytes} from {root} {dtype}")
+        if label == "one_rank_off":
+            wrong += _two_rank_copies(ctx, comm)
         coll = comm.get_backend_impl()._ops.coll  # type: ignore[attr-defined]
         got[label] = {"wrong": wrong, "single_copy": coll.single.usable}
         if label == "on":
@@ -1336,8 +1374,8 @@ def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, red: str) 
     return torch.equal(got, want)
 
 
-def test_large_reductions_of_two_ranks_read_each_byte_once_and_agree_to_fall_back() -> None:
-    results = run_ranks(_pair_reductions, 2, 0, timeout=180)
+def test_large_ops_of_two_ranks_read_each_byte_once_and_agree_to_fall_back() -> None:
+    results = run_ranks(_pair_ops, 2, 0, timeout=180)
     for rank, res in enumerate(results):
         assert res["on"] == {"wrong": [], "single_copy": True}, (rank, res)
         assert res["one_rank_off"] == {"wrong": [], "single_copy": False}, (rank, res)

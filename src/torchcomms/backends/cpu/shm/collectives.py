@@ -10,13 +10,16 @@ reads, and copies or reduces straight from the peers' slots with torch kernels:
   ``cpu.shm.oneshot``, with reduce, broadcast, and small all_gather, all_to_all and
   reduce_scatter that fit one round: the latency path);
   above it, per slot-sized chunk, reduce-scatter (rank ``r`` reduces shard ``r`` from
-  all slots into its next slot) then all-gather of the reduced shards; between two ranks,
-  from 2 MiB, straight from the peer's tensor (``cpu.shm.single_copy``);
+  all slots into its next slot) then all-gather of the reduced shards (between two ranks,
+  each trades the half its peer reduces); between two ranks, from 512 KiB, straight from the
+  peer's tensor (``cpu.shm.single_copy``);
 * reduce: the same, with only the root reducing or gathering (two ranks: the root reads
   its peer's tensor);
 * broadcast / scatter: the root writes, the others read; gather the reverse;
 * all_gather, reduce_scatter and all_to_all move a column block of every rank's
-  contribution per round, as one strided copy or reduction when sizes are even; large
+  contribution per round, as one strided copy or reduction when sizes are even (all_gather
+  and uniform all_to_all pass only the peers' parts through the slots: a rank's own part
+  is copied once, straight, while the peers fill their slots); large
   all_gather, uniform all_to_all and broadcast copy once, straight between the ranks' address
   spaces (``cpu.shm.single_copy``).
 
@@ -45,6 +48,7 @@ from torchcomms.backends.cpu.reductions import BINARY, BINARY_BOOL, reduce_rows
 from torchcomms.backends.cpu.shm.oneshot import OneShot
 from torchcomms.backends.cpu.shm.single_copy import (
     BROADCAST_MIN_BYTES,
+    PAIR_BROADCAST_MIN_BYTES,
     PAIR_REDUCTION_MIN_BYTES,
     SingleCopy,
 )
@@ -79,6 +83,9 @@ class ShmCollectives:
         self.size = chan.size
         self.oneshot = OneShot(chan, oneshot_max, check)
         self.single = SingleCopy(chan)
+        self._broadcast_single_min = (
+            PAIR_BROADCAST_MIN_BYTES if self.size == 2 else BROADCAST_MIN_BYTES
+        )
 
     # -- reductions --------------------------------------------------------------------------
     def all_reduce(self, flat: torch.Tensor, op: ReduceOp, deadline: Deadline) -> None:
@@ -88,26 +95,41 @@ class ShmCollectives:
         n = flat.numel()
         dtype = flat.dtype
         oneshot = self.oneshot
-        key = (dtype, n, op._type._value_)  # an int: an Enum member hashes in Python
-        if n * dtype.itemsize >= PAIR_REDUCTION_MIN_BYTES and self.size == 2:
+        nbytes = n * dtype.itemsize
+        if (
+            nbytes >= PAIR_REDUCTION_MIN_BYTES
+            and self.size == 2
+            and self.single.usable is not False
+        ):
             fn = self._pair_kernel(dtype, op)
             fp = F.make(F.ALL_REDUCE, dtype, n, redop=op) if self.check else None
-            if fn is not None and self.single.wanted(n * dtype.itemsize // 2, fp, deadline, 0):
+            if fn is not None and self.single.wanted(nbytes // 2, fp, deadline, 0):
                 self.single.all_reduce_pair(flat, fn, fp, deadline)
                 return
-        plan = oneshot.plans.get(key)
+        plan = oneshot.plans.get((dtype, n, op._type._value_))  # an int: Enums hash in Python
         if plan is None:
             plan = oneshot.plan(dtype, n, op)
         if plan is not False:
             oneshot.run(flat, op, plan, deadline)
             return
         fp = F.make(F.ALL_REDUCE, dtype, n, redop=op) if self.check else None
-        cap = chan.slot_capacity(dtype)
-        pair = self.size == 2
-        for start in range(0, n, cap):
-            chunk = flat[start : start + cap]
+        self._all_reduce_slots(flat, op, fp, deadline)
+
+    def _all_reduce_slots(
+        self, flat: torch.Tensor, op: ReduceOp, fp: Fingerprint | None, deadline: Deadline
+    ) -> None:
+        """all_reduce through the slots, a chunk per round or two: one-shot rounds for chunks
+        up to the limit, two ranks trading halves, or reduce-scatter + all-gather."""
+        oneshot = self.oneshot
+        n = flat.numel()
+        dtype = flat.dtype
+        cap = self.chan.slot_capacity(dtype)
+        pair = self.size == 2 and self._pair_kernel(dtype, op) is not None
+        step = 2 * cap if pair else cap  # a pair's slot holds half its chunk
+        for start in range(0, n, step):
+            chunk = flat[start : start + step]
             cn = chunk.numel()
-            if cn * dtype.itemsize <= self.oneshot_max:  # slot-sized one-shot rounds
+            if cn <= cap and cn * dtype.itemsize <= self.oneshot_max:  # one-shot rounds
                 chunk_plan = oneshot.plans.get((dtype, cn, op._type._value_))
                 if chunk_plan is None:
                     chunk_plan = oneshot.plan(dtype, cn, op)
@@ -123,21 +145,41 @@ class ShmCollectives:
         chan = self.chan
         n = flat.numel()
         dtype = flat.dtype
+        nbytes = n * dtype.itemsize
+        fp: Fingerprint | None = None
+        pair = nbytes >= PAIR_REDUCTION_MIN_BYTES and self.size == 2
+        fn = self._pair_kernel(dtype, op) if pair and self.single.usable is not False else None
+        if fn is not None:  # before the one-shot round, which it beats from this size
+            fp = F.make(F.REDUCE, dtype, n, root, op) if self._enter() else None
+            if self.single.wanted(nbytes, fp, deadline, 0):
+                self.single.reduce_pair(flat, root, fn, fp, deadline)
+                return
+        else:
+            chan.op_seq += 1
+        self._reduce_slots(flat, root, op, fp, deadline)
+
+    def _reduce_slots(
+        self,
+        flat: torch.Tensor,
+        root: int,
+        op: ReduceOp,
+        fp: Fingerprint | None,
+        deadline: Deadline,
+    ) -> None:
+        """reduce through the slots (the caller advanced ``op_seq``): one one-shot round where
+        it fits, else reduce-scatter + gather per slot-sized chunk."""
         oneshot = self.oneshot
+        n = flat.numel()
+        dtype = flat.dtype
         plan = oneshot.plans.get((dtype, n, op._type._value_))
         if plan is None:
             plan = oneshot.plan(dtype, n, op)
         if plan is not False:  # the one-shot round; every rank checks every fingerprint
-            chan.op_seq += 1
             oneshot.run(flat, op, plan, deadline, oneshot.reduce_fp(dtype, n, root, op), root)
             return
-        fp = F.make(F.REDUCE, dtype, n, root, op) if self._enter() else None
-        if n * dtype.itemsize >= PAIR_REDUCTION_MIN_BYTES and self.size == 2:
-            fn = self._pair_kernel(dtype, op)
-            if fn is not None and self.single.wanted(n * dtype.itemsize, fp, deadline, 0):
-                self.single.reduce_pair(flat, root, fn, fp, deadline)
-                return
-        cap = chan.slot_capacity(dtype)
+        if fp is None and self.check:
+            fp = F.make(F.REDUCE, dtype, n, root, op)
+        cap = self.chan.slot_capacity(dtype)
         for start in range(0, n, cap):
             chunk = flat[start : start + cap]
             self._reduce_scatter_gather(chunk, op, fp if start == 0 else None, deadline, root)
@@ -154,7 +196,8 @@ class ShmCollectives:
         """all_reduce of one chunk between exactly two ranks, with the least copying.
 
         Each rank publishes only the half its peer reduces, combines its own half in place
-        with the peer's copy (one binary kernel), and publishes the result for the peer.
+        with the peer's copy (one binary kernel), and publishes the result for the peer:
+        every half starts at its slot's first byte, so a chunk may be two slots long.
         False when ``op`` needs the general path (PREMUL_SUM's own pre-multiplication).
         """
         fn = (BINARY_BOOL if chunk.dtype is torch.bool else BINARY).get(op.type)
@@ -170,11 +213,11 @@ class ShmCollectives:
         a, b = _bounds(other, shard, c)
         k = chan.begin(deadline)
         if b > a:
-            chan.slot(me, k, dtype, b - a, at=a).copy_(chunk[a:b])
+            chan.slot(me, k, dtype, b - a).copy_(chunk[a:b])
         chan.exchange(k, deadline, fp, "all_reduce")
         mine = chunk[lo:hi]
         if hi > lo:
-            fn(mine, chan.slot(other, k, dtype, hi - lo, at=lo), out=mine)
+            fn(mine, chan.slot(other, k, dtype, hi - lo), out=mine)
             chan.slot(me, k + 1, dtype, hi - lo).copy_(mine)
         chan.finish(k)
         k = chan.next_round()  # its slot is free: the peer finished k - 1 before publishing k
@@ -285,15 +328,29 @@ class ShmCollectives:
         oneshot = self.oneshot
         plan = oneshot.bcast_plans.get((dtype, n, root))
         cap = chan.slot_capacity(dtype)
-        if plan is None and n <= cap:
+        nbytes = n * dtype.itemsize
+        # The one-shot round, below the single copy's size (or where it cannot run).
+        fits = n <= cap and (nbytes < self._broadcast_single_min or self.single.usable is False)
+        if plan is None and fits:
             plan = oneshot.bcast_plan(dtype, n, root)
         if plan is not None:  # one round, views and fingerprint made once per shape
             oneshot.broadcast(flat, root, plan, deadline)
             return
         fp = F.make(F.BROADCAST, dtype, n, root) if self._enter() else None
-        if self.single.wanted(n * dtype.itemsize, fp, deadline, BROADCAST_MIN_BYTES):
+        if self.single.wanted(nbytes, fp, deadline, self._broadcast_single_min):
             self.single.broadcast(flat, root, fp, deadline)
             return
+        self._broadcast_slots(flat, root, fp, deadline)
+
+    def _broadcast_slots(
+        self, flat: torch.Tensor, root: int, fp: Fingerprint | None, deadline: Deadline
+    ) -> None:
+        """broadcast through the root's slot, a slot per round (the root runs up to two
+        rounds ahead of its peers)."""
+        chan = self.chan
+        n = flat.numel()
+        dtype = flat.dtype
+        cap = chan.slot_capacity(dtype)
         for start in range(0, n, cap):
             c = min(cap, n - start)
             if start == 0:  # every rank publishes and checks every fingerprint
@@ -375,7 +432,6 @@ class ShmCollectives:
     # -- all to all --------------------------------------------------------------------------
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, deadline: Deadline) -> None:
         """``out`` is [size, n]; row r receives rank r's flat ``inp``."""
-        chan = self.chan
         n = inp.numel()
         dtype = inp.dtype
         plan = self.oneshot.copy_plan(F.ALL_GATHER, dtype, n)
@@ -386,13 +442,36 @@ class ShmCollectives:
         if self.single.wanted(n * dtype.itemsize, fp, deadline):
             self.single.all_gather(out, inp, fp, deadline)
             return
+        self._all_gather_slots(out, inp, fp, deadline)
+
+    def _all_gather_slots(
+        self, out: torch.Tensor, inp: torch.Tensor, fp: Fingerprint | None, deadline: Deadline
+    ) -> None:
+        """all_gather through the slots, a slot of each rank's input per round."""
+        chan = self.chan
+        n = inp.numel()
+        dtype = inp.dtype
+        me = self.rank
+        own: torch.Tensor | None = out[me]
+        if out[me].data_ptr() == inp.data_ptr():
+            own = None  # in place: this rank's row is there already
+        elif _overlaps(inp, out):
+            inp = inp.clone()  # another row of ``out``: a peer's row will land on it
         cap = chan.slot_capacity(dtype)
         for start in range(0, n, cap):
             c = min(cap, n - start)
             k = chan.begin(deadline)
-            chan.slot(self.rank, k, dtype, c).copy_(inp[start : start + c])
-            chan.exchange(k, deadline, fp if start == 0 else None, "all_gather")
-            out[:, start : start + c].copy_(chan.rows(k, dtype, c))
+            chan.slot(me, k, dtype, c).copy_(inp[start : start + c])
+            chan.publish(k, fp if start == 0 else None)
+            if own is not None and start == 0:  # while the peers fill their slots
+                own.copy_(inp)
+            chan.wait_all(k, deadline, fp if start == 0 else None, "all_gather")
+            # Only the peers' rows (before and after this rank's): one strided copy each.
+            rows = chan.rows(k, dtype, c)
+            if me > 0:
+                out[:me, start : start + c].copy_(rows[:me])
+            if me + 1 < self.size:
+                out[me + 1 :, start : start + c].copy_(rows[me + 1 :])
             chan.finish(k)
 
     def all_gather_v(
@@ -449,19 +528,7 @@ class ShmCollectives:
             if self.single.wanted(n * item, fp, deadline):
                 self.single.all_to_all(out, inp, n, fp, deadline)
                 return
-            src2d, dst2d = inp.view(size, n), out.view(size, n)
-            for start in range(0, n, per):
-                c = min(per, n - start)
-                k = chan.begin(deadline)
-                base = chan.layout.slot_offset(k & 1, 0)
-                chan.view(base + me * stride * item, dtype, (size, c), (per, 1)).copy_(
-                    src2d[:, start : start + c]
-                )
-                chan.exchange(k, deadline, fp if start == 0 else None, "all_to_all")
-                dst2d[:, start : start + c].copy_(
-                    chan.view(base + me * per * item, dtype, (size, c), (stride, 1))
-                )
-                chan.finish(k)
+            self._all_to_all_uniform(out, inp, n, fp, deadline)
             return
         fp = F.make(F.ALL_TO_ALL_V, dtype, 0) if self._enter() else None
         in_offs = _offsets(in_splits)
@@ -497,6 +564,55 @@ class ShmCollectives:
             rounds -= 1
             if rounds <= 0:
                 return
+
+    def _all_to_all_uniform(
+        self,
+        out: torch.Tensor,
+        inp: torch.Tensor,
+        n: int,
+        fp: Fingerprint | None,
+        deadline: Deadline,
+    ) -> None:
+        """``n`` elements from every rank to every rank, through the slots.
+
+        A rank's slot holds one region per peer (its own chunk never passes through a slot:
+        it is copied once, while the peers fill their slots): region ``d`` for a peer
+        ``d`` below this rank, ``d - 1`` above it.  So the chunks for the peers below and
+        above this rank are one strided copy each, in and out."""
+        chan = self.chan
+        size, me = self.size, self.rank
+        dtype = inp.dtype
+        item = dtype.itemsize
+        per = max(chan.slot_capacity(dtype) // (size - 1), 1)
+        stride = chan.layout.slot_bytes // item
+        in_place = inp.data_ptr() == out.data_ptr()  # safe: a round reads its columns first
+        if not in_place and _overlaps(inp, out):
+            inp = inp.clone()  # the chunks this rank sends must survive its writes
+        src2d, dst2d = inp.view(size, n), out.view(size, n)
+        for start in range(0, n, per):
+            c = min(per, n - start)
+            k = chan.begin(deadline)
+            mine = chan.layout.slot_offset(k & 1, me)
+            if me > 0:  # regions 0 .. me-1: peers 0 .. me-1
+                chan.view(mine, dtype, (me, c), (per, 1)).copy_(src2d[:me, start : start + c])
+            if me + 1 < size:  # regions me .. size-2: peers me+1 .. size-1
+                chan.view(mine + me * per * item, dtype, (size - 1 - me, c), (per, 1)).copy_(
+                    src2d[me + 1 :, start : start + c]
+                )
+            chan.publish(k, fp if start == 0 else None)
+            if start == 0 and not in_place:
+                dst2d[me].copy_(src2d[me])
+            chan.wait_all(k, deadline, fp if start == 0 else None, "all_to_all")
+            first = chan.layout.slot_offset(k & 1, 0)
+            if me > 0:  # peers below hold this rank's chunk in region me - 1
+                at = first + (me - 1) * per * item
+                dst2d[:me, start : start + c].copy_(chan.view(at, dtype, (me, c), (stride, 1)))
+            if me + 1 < size:  # peers above hold it in region me
+                at = first + ((me + 1) * stride + me * per) * item
+                dst2d[me + 1 :, start : start + c].copy_(
+                    chan.view(at, dtype, (size - 1 - me, c), (stride, 1))
+                )
+            chan.finish(k)
 
     def barrier(self, deadline: Deadline) -> None:
         self.oneshot.barrier(deadline)
@@ -542,6 +658,11 @@ class ShmCollectives:
         its fingerprint is made and checked (``fp = F.make(...) if self._enter() else None``)."""
         self.chan.op_seq += 1
         return self.check
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
 def _offsets(splits: Sequence[int]) -> list[int]:

@@ -7,13 +7,29 @@ buffer in one round, reads what it needs straight out of its peers' address spac
 (``transport.cma``), and meets the others once more, so nobody returns (and reuses its buffer)
 while a peer still reads it: two rounds and one copy, whatever the size.  all_gather, uniform
 all_to_all and broadcast take it at any world size.  all_reduce and reduce take it between two
-ranks: each rank reads the part it reduces from its peer a piece at a time and combines it into
-its own tensor (all_reduce writes each combined piece back into the peer's; a reduce's peer,
-while it has a core of its own, takes a third of the root's work).  At 16 MiB and 2 ranks, in
+ranks (from 512 KiB, as broadcast does there): each rank reads the part it reduces from its
+peer a piece at a time and combines it into its own tensor (all_reduce writes each combined
+piece back into the peer's; a reduce's peer, while it has a core of its own, takes a third of
+the root's work).  At 16 MiB and 2 ranks, in
 place, the first version of this halved all_reduce and reduce (8.7 to 4.2-5.5 ms and 8.9 to
 3.8 ms in one A/B run with ``TORCHCOMM_SHM_SINGLE_COPY=0``; see
 benchmarks/results/issue40/NOTES.md).  With more ranks the reductions keep the slot path, whose
 rounds spread the reduction over every rank.
+
+Why one copy by cross-memory attach, when a plain copy is faster: on the 2-core AMD EPYC VM
+CI runs on, ``process_vm_readv`` moves 10-13 GB/s (it pins the peer's pages one at a time)
+where a copy inside a process moves 35-44 GB/s, and while the host keeps both vCPUs on one
+shared cache the slot path's two copies beat the one read by 10-40 % (2 ranks, p50
+interleaved, all_gather in place at 4 MiB 187-245 against 211-287 us in five launches of ten).
+But the host also runs them on cores that do not share a cache (three launches of those ten
+throughout, two at their start; nine of ten in another hour), and then every line a rank
+writes into its slot must first be taken back from the peer that read it the round before:
+the slot path turns 4-9x slower (all_gather 4 MiB 1067-1211 against 220-252 us, broadcast
+1844-2290 against 189-246, a 1 MiB broadcast through the slots 460-579 us against 42-51),
+while the single copy, which writes only this rank's own memory, runs as fast as before.
+MPI makes the same choice (it moves large messages by cross-memory attach too).  ``python
+benchmarks/diagnostics/slots_vs_single_copy.py`` measures both paths launch after launch
+(benchmarks/results/issue40/slots_vs_single_copy.json; NOTES.md there, fifth round).
 
 Used from ``SINGLE_COPY_MIN_BYTES`` per peer, where every rank can read every other: probed
 once per communicator, at the first op that qualifies, in two rounds every rank runs (the
@@ -45,15 +61,20 @@ from torchcomms.transport.errors import WaitError
 from torchcomms.transport.shm.channel import ShmChannel
 
 #: Bytes each rank moves to each peer from which all_gather and all_to_all take the single-copy
-#: path, and the bytes from which broadcast does.  Measured at 2 ranks on the CI's VM (p50, two
-#: runs each way): a tie at 64 KiB per peer, ahead from 128 KiB; broadcast ties with the slot
-#: path up to 1 MiB and is ahead from 4 MiB.
+#: path, and the bytes from which broadcast does with three or more ranks.  Measured at 2 ranks
+#: on the CI's VM (p50, two runs each way): a tie at 64 KiB per peer, ahead from 128 KiB;
+#: broadcast ties with the slot path up to 1 MiB and is ahead from 4 MiB.
 SINGLE_COPY_MIN_BYTES = 128 << 10
 BROADCAST_MIN_BYTES = 2 << 20
-#: Bytes from which all_reduce and reduce between two ranks take the path (below, one
-#: slot's one-shot round is faster: 100 against 158 us at 512 KiB, 242 against 266 us at
-#: 1 MiB; at 2 MiB 455 against 612 us for two one-shot rounds).
-PAIR_REDUCTION_MIN_BYTES = 2 << 20
+#: Bytes from which broadcast, all_reduce and reduce between two ranks take the path, ahead
+#: of the one-shot round through the slots: the robust choice between the VM's two states (the
+#: module docstring; slots_vs_single_copy.json, slots / single copy, p50 us).  On one cache,
+#: 512 KiB: broadcast 32-43 / 57-64, all_reduce 88-119 / 82-151, reduce 52-82 / 64-121; 1 MiB:
+#: 45-49 / 84-91, 155-205 / 131-211, 91-133 / 101-173.  Across caches, 512 KiB: 226-287 /
+#: 40-56, 353-385 / 119-140, 232-285 / 67-121; 1 MiB: 462-548 / 72-95, 583-704 / 155-191,
+#: 430-541 / 101-167.
+PAIR_BROADCAST_MIN_BYTES = 512 << 10
+PAIR_REDUCTION_MIN_BYTES = 512 << 10
 #: A reduction reads its peer's data a piece this big at a time into a scratch, and combines
 #: it while it is still in cache.  Fewer, larger reads pin the peer's pages in fewer calls:
 #: 2 MiB reduce, p50 interleaved in one run, 329 us with 256 KiB pieces, 260 with 1 MiB, 246
