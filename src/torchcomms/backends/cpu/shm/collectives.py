@@ -52,6 +52,7 @@ from torchcomms.backends.cpu.shm.single_copy import (
     PAIR_REDUCTION_MIN_BYTES,
     SingleCopy,
 )
+from torchcomms.backends.cpu.staging import overlaps
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
 from torchcomms.transport.shm.channel import ShmChannel
@@ -455,7 +456,7 @@ class ShmCollectives:
         own: torch.Tensor | None = out[me]
         if out[me].data_ptr() == inp.data_ptr():
             own = None  # in place: this rank's row is there already
-        elif _overlaps(inp, out):
+        elif overlaps(inp, out):
             inp = inp.clone()  # another row of ``out``: a peer's row will land on it
         cap = chan.slot_capacity(dtype)
         for start in range(0, n, cap):
@@ -586,7 +587,7 @@ class ShmCollectives:
         per = max(chan.slot_capacity(dtype) // (size - 1), 1)
         stride = chan.layout.slot_bytes // item
         in_place = inp.data_ptr() == out.data_ptr()  # safe: a round reads its columns first
-        if not in_place and _overlaps(inp, out):
+        if not in_place and overlaps(inp, out):
             inp = inp.clone()  # the chunks this rank sends must survive its writes
         src2d, dst2d = inp.view(size, n), out.view(size, n)
         for start in range(0, n, per):
@@ -658,11 +659,6 @@ class ShmCollectives:
         its fingerprint is made and checked (``fp = F.make(...) if self._enter() else None``)."""
         self.chan.op_seq += 1
         return self.check
-
-
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
 def _offsets(splits: Sequence[int]) -> list[int]:

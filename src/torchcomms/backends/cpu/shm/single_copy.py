@@ -25,7 +25,7 @@ But the host also runs them on cores that do not share a cache (three launches o
 throughout, two at their start; nine of ten in another hour), and then every line a rank
 writes into its slot must first be taken back from the peer that read it the round before:
 the slot path turns 4-9x slower (all_gather 4 MiB 1067-1211 against 220-252 us, broadcast
-1844-2290 against 189-246, a 1 MiB broadcast through the slots 460-579 us against 42-51),
+1844-2226 against 189-242, a 1 MiB broadcast through the slots 460-579 us against 42-51),
 while the single copy, which writes only this rank's own memory, runs as fast as before.
 MPI makes the same choice (it moves large messages by cross-memory attach too).  ``python
 benchmarks/diagnostics/slots_vs_single_copy.py`` measures both paths launch after launch
@@ -53,6 +53,7 @@ import torch
 
 from torchcomms import config
 from torchcomms.backends.cpu import host_arrays
+from torchcomms.backends.cpu.staging import overlaps
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
 from torchcomms.ranks import RankMessage, Ranks
@@ -199,7 +200,7 @@ class SingleCopy:
         base, src = out.data_ptr(), inp.data_ptr()  # rows by address: no tensor per row
         own = None
         if src != base + me * nbytes:  # not in place
-            if _overlaps(inp, out):
+            if overlaps(inp, out):
                 inp = inp.clone()  # aliasing another row: peers must read what was passed in
                 src = inp.data_ptr()
             own = functools.partial(ctypes.memmove, base + me * nbytes, src, nbytes)
@@ -220,7 +221,7 @@ class SingleCopy:
         """Uniform splits of ``n`` elements: chunk r of ``inp`` goes to rank r, chunk r of
         ``out`` comes from rank r."""
         me = self.chan.rank
-        if _overlaps(inp, out):
+        if overlaps(inp, out):
             inp = inp.clone()  # in place: peers read this rank's input while it writes out
         chunk = n * inp.element_size()
         base, src = out.data_ptr(), inp.data_ptr()  # flat and contiguous: chunks by address
@@ -333,8 +334,3 @@ class SingleCopy:
         if got is None or got.numel() < numel:
             got = self._scratch[dtype] = torch.empty(numel, dtype=dtype)
         return got
-
-
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
