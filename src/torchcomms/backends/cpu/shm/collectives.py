@@ -157,6 +157,11 @@ class ShmCollectives:
                 return
         else:
             chan.op_seq += 1
+            plan = self.oneshot.plans.get((dtype, n, op._type._value_))
+            if plan is not None and plan is not False:  # the latency path: one dict lookup
+                rfp = self.oneshot.reduce_fp(dtype, n, root, op)
+                self.oneshot.run(flat, op, plan, deadline, rfp, root)
+                return
         self._reduce_slots(flat, root, op, fp, deadline)
 
     def _reduce_slots(
