@@ -1379,3 +1379,153 @@ def test_large_ops_of_two_ranks_read_each_byte_once_and_agree_to_fall_back() -> 
     for rank, res in enumerate(results):
         assert res["on"] == {"wrong": [], "single_copy": True}, (rank, res)
         assert res["one_rank_off"] == {"wrong": [], "single_copy": False}, (rank, res)
+
+
+def _probed(ctx: RankContext, name: str, rendezvous: bool, **kw: Any) -> TorchComm:
+    """A 2-rank comm whose first op (an all_gather of 256 KiB per rank) ran the single-copy
+    probe; with ``rendezvous`` this rank sends its large messages by rendezvous
+    (``transport.shm.p2p``)."""
+    if rendezvous:
+        os.environ["TORCHCOMM_SHM_P2P_RENDEZVOUS"] = "1"
+    try:
+        comm = _shm(ctx, name, hints={"shm_slot_bytes": "1M"}, **kw)
+    finally:
+        os.environ.pop("TORCHCOMM_SHM_P2P_RENDEZVOUS", None)
+    out = torch.zeros(2 * (64 << 10))
+    comm.all_gather_single(out, out[ctx.rank * (64 << 10) : (ctx.rank + 1) * (64 << 10)], False)
+    assert comm.get_backend_impl()._ops.coll.single.usable is True  # type: ignore[attr-defined]
+    return comm
+
+
+def _rendezvous(ctx: RankContext) -> dict[str, Any]:
+    """Large send/recv between two ranks, rank 0 sending by rendezvous and rank 1 through the
+    rings (the default): crossed async sends, blocking pairs of an odd size, mixed sizes in
+    issue order (rendezvous and ring alike), tagged messages received out of order (one waits
+    as an unexpected message), then a size mismatch."""
+    from torchcomms.transport.shm import p2p
+
+    me, peer = ctx.rank, 1 - ctx.rank
+    reads = []
+    read = p2p.ShmP2P._rendezvous_read
+
+    def counted(self: Any, t: Any, src: int, address: int) -> bool:
+        reads.append(t.nbytes)
+        return read(self, t, src, address)
+
+    p2p.ShmP2P._rendezvous_read = counted  # type: ignore[method-assign]
+    comm = _probed(ctx, "rndv", rendezvous=me == 0)
+    big = (3 << 20) // 4
+    send = comm.send(torch.full((big,), float(10 * me + peer)), peer, True)
+    got = torch.empty(big)
+    comm.recv(got, peer, True).wait()
+    send.wait()
+    assert torch.equal(got, torch.full((big,), float(10 * peer + me)))
+    odd = (2 << 20) + 5
+    mine, theirs = _chunk(me, peer, odd, torch.uint8), torch.zeros(odd, dtype=torch.uint8)
+    if me == 0:
+        comm.send(mine, peer, False)
+        comm.recv(theirs, peer, False)
+    else:
+        comm.recv(theirs, peer, False)
+        comm.send(mine, peer, False)
+    assert torch.equal(theirs, _chunk(peer, me, odd, torch.uint8))
+    lengths = (2 << 20, 5, 1 << 20, 0, (1 << 20) - 8, 3 << 20)  # bytes, int64 elements below
+    if me == 0:
+        works = [
+            comm.send(torch.full((n // 8,), i, dtype=torch.int64), 1, True)
+            for i, n in enumerate(lengths)
+        ]
+        for tag, value in ((5, 5.0), (6, 6.0)):
+            works.append(comm.send(torch.full((big,), value), 1, True, hints={"tag": str(tag)}))
+        for work in works:
+            work.wait()
+    else:
+        for i, n in enumerate(lengths):
+            t = torch.full((n // 8,), -1, dtype=torch.int64)
+            comm.recv(t, 0, False)
+            assert torch.equal(t, torch.full((n // 8,), i, dtype=torch.int64)), (i, n)
+        six, five = torch.zeros(big), torch.zeros(big)
+        comm.recv(six, 0, False, hints={"tag": "6"})  # tag 5's message waits, unexpected
+        comm.recv(five, 0, False, hints={"tag": "5"})
+        assert torch.equal(six, torch.full((big,), 6.0)) and torch.equal(
+            five, torch.full((big,), 5.0)
+        )
+    comm.barrier(False)
+    comm.finalize()
+
+    # A size mismatch fails the receive at once; the sender, still waiting for its message
+    # to be read, learns that its peer failed.
+    bad = _probed(ctx, "rndv_size", rendezvous=me == 0, timeout=timedelta(seconds=30))
+    start = time.monotonic()
+    try:
+        if me == 0:
+            bad.send(torch.ones((2 << 20) // 4), 1, False)
+        else:
+            bad.recv(torch.ones((3 << 20) // 4), 0, False)
+    except CommError as exc:
+        error = {"type": type(exc).__name__, "text": str(exc), "s": time.monotonic() - start}
+    else:
+        error = {"type": None}
+    bad.finalize()
+    return {"reads": reads, "error": error}
+
+
+def test_large_messages_go_by_rendezvous_in_order_tagged_and_mismatched() -> None:
+    results = run_ranks(_rendezvous, 2, timeout=120)
+    # Rank 1 read every message of rank 0's from 1 MiB out of its memory, none smaller; rank
+    # 0 read none (rank 1 sends through the rings).
+    reads = results[1]["reads"]
+    assert len(reads) == 7 and min(reads) >= 1 << 20 and results[0]["reads"] == [], results
+    receiver, sender = results[1]["error"], results[0]["error"]
+    assert receiver["type"] == "CollectiveMismatchError", receiver
+    assert "2097152 bytes sent, 3145728 bytes expected" in receiver["text"], receiver
+    assert sender["type"] == "PeerFailureError" and "peer rank 1" in sender["text"], sender
+    assert sender["s"] < DEAD_PEER_BOUND_S, sender
+
+
+def _rendezvous_sender_killed(ctx: RankContext, report_dir: str) -> None:
+    """Rank 1 announces a 2 MiB message by rendezvous and dies; rank 0 posts its receive
+    half a second later (a receive that reads while the dying process still has its memory
+    gets the message: the sender delivered, then left), finds the announcement, and its
+    read finds the process gone: ``PeerFailureError`` naming rank 1, nothing written."""
+    from torchcomms.transport.shm import p2p
+
+    comm = _probed(ctx, "rndv_dead", rendezvous=ctx.rank == 1)
+    n = (2 << 20) // 4
+    if ctx.rank == 1:
+        announce = p2p.ShmP2P._rendezvous_send
+
+        def then_die(self: Any, t: Any, acked: int) -> bool:
+            done = announce(self, t, acked)
+            if t.rendezvous > 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return done
+
+        p2p.ShmP2P._rendezvous_send = then_die  # type: ignore[method-assign]
+        comm.send(torch.ones(n), 0, False)
+        raise AssertionError("rank 1 should have died")
+    time.sleep(0.5)
+    start = time.monotonic()
+    got = torch.zeros(n)
+    try:
+        comm.recv(got, 1, False)
+    except Exception as exc:
+        seen: dict[str, Any] = {"type": type(exc).__name__, "text": str(exc)}
+    else:
+        seen = {"type": None, "text": "returned"}
+    seen["s"] = time.monotonic() - start
+    seen["untouched"] = bool(torch.equal(got, torch.zeros(n)))
+    Path(report_dir, "rank0.json").write_text(json.dumps(seen))
+    comm.finalize()
+
+
+def test_a_sender_killed_before_its_rendezvous_is_read_is_named(tmp_path: Path) -> None:
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_rendezvous_sender_killed, 2, str(tmp_path), timeout=120)
+    failure = info.value
+    assert 1 in failure.died and "SIGKILL" in failure.died[1], str(failure)
+    assert not failure.timed_out and not failure.errors, str(failure)
+    got = json.loads((tmp_path / "rank0.json").read_text())
+    assert got["type"] == PeerFailureError.__name__, got
+    assert "peer rank 1 died (process gone) while this rank read its message" in got["text"]
+    assert got["untouched"] and got["s"] < DEAD_PEER_BOUND_S, got

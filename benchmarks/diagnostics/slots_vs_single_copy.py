@@ -10,7 +10,9 @@ Each launch starts two local ranks (a ``FileStore``) and first times the launch'
 before), p50 of 100.  Then, per op and size, it alternates blocks of ``--iters`` sync calls
 on the slot path (``SingleCopy.usable`` off: one-shot rounds, the slot loops) and on the single
 copy (on: every op that can take it at that size), and prints each path's p50 (the slower
-rank's).  Sizes are bytes per rank (all_gather's output, all_to_all's input).
+rank's).  Sizes are bytes per rank (all_gather's output, all_to_all's input); ``sendrecv``
+(not in the default ops) times a round trip of that size each way, through the pair rings or
+by rendezvous (``transport.shm.p2p``).
 
 What it shows on the dev VM (benchmarks/results/issue40/NOTES.md, fifth round): the state is
 bimodal.  While the host runs both vCPUs on one shared cache, the slot broadcast takes
@@ -38,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _doc import write_doc
-from _ranks import run_local_ranks
+from _ranks import round_trip, run_local_ranks
 
 from torchcomms.bench.metrics import format_size, parse_size
 
@@ -57,6 +59,9 @@ def _call(comm: Any, op: str, nbytes: int, rank: int) -> Callable[[], object]:
         return lambda: comm.all_reduce(t, ReduceOp.MAX, False)
     if op == "reduce":
         return lambda: comm.reduce(t, 0, ReduceOp.MAX, False)
+    if op == "sendrecv":  # a round trip: through the pair rings, or by rendezvous
+        got = torch.empty(n)
+        return lambda: round_trip(comm, rank, t, got)
     if op == "all_gather":  # in place: this rank's row of the output
         row = t[rank * (n // 2) : (rank + 1) * (n // 2)]
         return lambda: comm.all_gather_single(t, row, False)
@@ -79,6 +84,7 @@ def _child(ops: list[str], sizes: list[int], blocks: int, iters: int) -> None:
 
     rank = int(os.environ["TORCHCOMM_RANK"])
     torch.set_num_threads(1)
+    os.environ["TORCHCOMM_SHM_P2P_RENDEZVOUS"] = "1"  # sendrecv's single copy (when usable)
     comm = torchcomms.new_comm(
         "gloo", torch.device("cpu"), name="paths", timeout=timedelta(seconds=60)
     )

@@ -191,6 +191,14 @@ def shm_single_copy() -> bool:
     return env_bool("TORCHCOMM_SHM_SINGLE_COPY", True)
 
 
+def shm_p2p_rendezvous() -> bool:
+    """``TORCHCOMM_SHM_P2P_RENDEZVOUS`` (default off): messages of at least 1 MiB that this rank
+    sends over shared memory are read by the receiver straight out of this rank's memory
+    (``transport.shm.p2p``), once the communicator's single-copy probe has passed; a receiver
+    takes either form, so ranks may differ."""
+    return env_bool("TORCHCOMM_SHM_P2P_RENDEZVOUS", False)
+
+
 def shm_unshare_cores() -> bool:
     """``TORCHCOMM_SHM_UNSHARE_CORES`` (default on): when the ranks of a host have a core each but
     the scheduler put two on one, the higher rank's waiting thread steps off it

@@ -11,6 +11,22 @@ message goes to the first posted receive with its tag, else into a private "unex
 buffer that a later receive with that tag takes (so the ring never stalls behind it).  A
 byte-count mismatch fails loudly on the receiving side.
 
+**The rendezvous** (a sender's choice, ``TORCHCOMM_SHM_P2P_RENDEZVOUS=1``: from
+``RENDEZVOUS_MIN_BYTES``, once the communicator's probe found that its ranks may read each
+other's memory, ``cpu.shm.single_copy``; every receiver takes it): the sender writes no bytes
+into the ring, only one chunk whose meta line carries the message's byte count negated, its
+tag and the address of its buffer; the receiver routes it like any message and reads the
+whole of it straight out of the sender's memory (cross-memory attach), then acknowledges the
+chunk, and only that completes the send (the sender's buffer must stay as it is until the
+peer has read it).  Why: the ring's slots are rewritten while the peer still holds them in its
+cache, which on cores that share no cache costs ~3x; but the ring keeps both ranks copying at
+once (the sender fills one slot while the receiver empties the other) where the rendezvous
+has one rank read and the other wait, so on one shared cache the ring is ~2x faster (2 ranks,
+round trips, ring / rendezvous, 1 MiB and 4 MiB: split 858 / 292 and 3144 / 1157 us, one
+cache 119-159 / 210-320 and 454-980 / 778-1733; ``python
+benchmarks/diagnostics/slots_vs_single_copy.py --ops sendrecv``,
+benchmarks/results/issue40/NOTES.md).  Off by default until it keeps both cores busy too.
+
 Posting never blocks: a transfer is queued and moved as far as the ring allows; waiting
 on a transfer keeps moving every queued transfer with the same peers, so crossed sends
 and receives of any size cannot deadlock.  ``wait`` is one ``ShmChannel.poll`` (the
@@ -31,17 +47,25 @@ when it is free.
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from torchcomms.deadline import Deadline
+from torchcomms.ranks import RankMessage, Ranks
+from torchcomms.transport import cma
 from torchcomms.transport.errors import WaitError
 from torchcomms.transport.shm.channel import ACKED, PMETA0, SENT, ShmChannel
 
 _NO_TAG = -1
+#: Messages from this size take the rendezvous (the module docstring) where it can run.
+RENDEZVOUS_MIN_BYTES = 1 << 20
+# A meta line: byte count (negated for a rendezvous), tag, and the sender's address.
+_COUNT, _TAG, _ADDRESS = 0, 1, 2
 #: As ``cpu.shm.oneshot.TIGHT_CHECKS``: inline flag reads (~0.05 us each) before the wait loop.
 _TIGHT_CHECKS = 64
 _BYTE = torch.uint8
@@ -52,7 +76,17 @@ _Lines = tuple[int, int, int, int, int, int]
 class Transfer:
     """One posted send or receive (a flat byte view of the caller's tensor)."""
 
-    __slots__ = ("buf", "done", "error", "nbytes", "owner", "peer", "sending", "tag")
+    __slots__ = (
+        "buf",
+        "done",
+        "error",
+        "nbytes",
+        "owner",
+        "peer",
+        "rendezvous",
+        "sending",
+        "tag",
+    )
 
     def __init__(self, sending: bool, peer: int, buf: torch.Tensor, tag: int | None) -> None:
         self.sending = sending
@@ -63,6 +97,9 @@ class Transfer:
         self.done = 0  # bytes moved
         self.error: WaitError | None = None
         self.owner: Transfer | None = None  # for an unexpected message: the receive it fills
+        #: A send by rendezvous: -1 no (through the ring), 0 not announced yet, else the
+        #: chunk that announced it (the send is complete once the peer acknowledged it).
+        self.rendezvous = -1
 
 
 class _Incoming:
@@ -79,8 +116,11 @@ class _Incoming:
 class ShmP2P:
     """The pair rings of one channel (see the module docstring)."""
 
-    def __init__(self, chan: ShmChannel) -> None:
+    def __init__(self, chan: ShmChannel, single_copy: Callable[[], bool] = lambda: False) -> None:
+        """``single_copy``: whether the ranks may read each other's memory (the communicator's
+        probe said so): then large messages take the rendezvous."""
         self._chan = chan
+        self._single_copy = single_copy
         self._lock = threading.Lock()
         self._sends: dict[int, deque[Transfer]] = defaultdict(deque)
         self._incoming: dict[int, _Incoming] = defaultdict(_Incoming)
@@ -108,6 +148,8 @@ class ShmP2P:
     def post(self, sending: bool, peer: int, tensor: torch.Tensor, tag: int | None) -> Transfer:
         flat = tensor if tensor.dim() == 1 else tensor.reshape(-1)  # (each call a dispatch)
         t = Transfer(sending, peer, flat if flat.dtype is _BYTE else flat.view(_BYTE), tag)
+        if sending and t.nbytes >= RENDEZVOUS_MIN_BYTES and self._single_copy():
+            t.rendezvous = 0  # decided once: the probe may finish while a ring send runs
         with self._lock:
             if sending:
                 self._sends[peer].append(t)
@@ -141,7 +183,7 @@ class ShmP2P:
         """Write one untagged message of at most a chunk into the pair ring now, if no send
         to ``peer`` is queued and the ring has room; whether it did (else nothing changed)."""
         n = len(data)
-        if n > self._chunk:
+        if n > self._chunk or (n >= RENDEZVOUS_MIN_BYTES and self._single_copy()):
             return False
         flags = self._chan.flags
         acked, sent, meta0, meta1, off0, off1 = self._direct_of(peer)[0]
@@ -202,7 +244,7 @@ class ShmP2P:
             odd = i & 1
             meta = meta1 if odd else meta0
             if flags[meta] != n or flags[meta + 1] != _NO_TAG:
-                return False  # ``post`` routes it (a tag) or fails the receive (a size)
+                return False  # ``post`` routes it (a tag, a rendezvous) or fails it (a size)
             off = off1 if odd else off0
             data[:] = self._bytes[off : off + n]
             flags[acked] = i
@@ -267,6 +309,8 @@ class ShmP2P:
         flags = chan.flags
         me, peer = chan.rank, t.peer
         acked = layout.pair_flag(me, peer, ACKED)
+        if t.rendezvous >= 0:
+            return self._rendezvous_send(t, acked)
         while t.done < t.nbytes:
             i = self._sent[peer] + 1
             if flags[acked] < i - 2:
@@ -285,6 +329,44 @@ class ShmP2P:
             t.done += n
         return True
 
+    def _rendezvous_send(self, t: Transfer, acked: int) -> bool:
+        """Announce ``t`` (one chunk: count negated, tag, address); True once the peer has read
+        it and acknowledged that chunk."""
+        chan = self._chan
+        flags = chan.flags
+        if t.rendezvous == 0:
+            i = self._sent[t.peer] + 1
+            if flags[acked] < i - 2:
+                return False
+            layout = chan.layout
+            meta = layout.pair_flag(chan.rank, t.peer, PMETA0 + (i & 1))
+            flags[meta + _ADDRESS] = t.buf.data_ptr()
+            flags[meta + _TAG] = t.tag
+            flags[meta + _COUNT] = -t.nbytes
+            flags[layout.pair_flag(chan.rank, t.peer, SENT)] = i
+            chan.ring_rank(t.peer)
+            self._sent[t.peer] = i
+            t.rendezvous = i
+        if flags[acked] < t.rendezvous:
+            return False
+        t.done = t.nbytes
+        return True
+
+    def _rendezvous_read(self, t: Transfer, peer: int, address: int) -> bool:
+        """Read a rendezvous message from ``peer``'s memory into ``t``; False (and ``t.error``
+        set, naming the peer) if the kernel refused."""
+        _, err = cma.copy(False, self._chan.pids[peer], t.buf.data_ptr(), address, t.nbytes)
+        if err == 0:
+            return True
+        if err == errno.ESRCH:
+            text = "{} died (process gone) while this rank read its message"
+            t.error = WaitError("dead", [peer], RankMessage(text, Ranks([peer])))
+        else:
+            text = "reading a message from {} failed: {}"
+            message = RankMessage(text, Ranks([peer]), os.strerror(err))
+            t.error = WaitError("peer_failed", [peer], message)
+        return False
+
     def _advance_recv(self, incoming: _Incoming, peer: int) -> None:
         """Copy out every chunk already sent by ``peer``, routing each message by its tag."""
         chan = self._chan
@@ -300,9 +382,19 @@ class ShmP2P:
             t = incoming.current
             if t is None:
                 meta = layout.pair_flag(peer, me, PMETA0 + parity)
-                t = self._route(incoming, peer, flags[meta], flags[meta + 1])
+                count = flags[meta + _COUNT]
+                t = self._route(incoming, peer, abs(count), flags[meta + _TAG])
                 if t is None:
                     return
+                if count < 0:  # a rendezvous: the whole message, out of the sender's memory
+                    if not self._rendezvous_read(t, peer, flags[meta + _ADDRESS]):
+                        return
+                    flags[layout.pair_flag(peer, me, ACKED)] = i
+                    chan.ring_rank(peer)
+                    self._got[peer] = i
+                    t.done = t.nbytes
+                    self._delivered(t)
+                    continue
                 incoming.current = t
             n = min(self._chunk, t.nbytes - t.done)
             (t.buf if n == t.nbytes else t.buf[t.done : t.done + n]).copy_(
@@ -314,10 +406,15 @@ class ShmP2P:
             t.done += n
             if t.done == t.nbytes:
                 incoming.current = None
-                owner = t.owner
-                if owner is not None:  # an unexpected message a receive already claimed
-                    owner.buf.copy_(t.buf)
-                    owner.done = owner.nbytes
+                self._delivered(t)
+
+    @staticmethod
+    def _delivered(t: Transfer) -> None:
+        """A message is complete: an unexpected one a receive already claimed fills it."""
+        owner = t.owner
+        if owner is not None:
+            owner.buf.copy_(t.buf)
+            owner.done = owner.nbytes
 
     def _route(self, incoming: _Incoming, peer: int, nbytes: int, tag: int) -> Transfer | None:
         """The receive a new message goes to (or a fresh unexpected buffer)."""

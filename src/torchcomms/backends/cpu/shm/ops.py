@@ -160,7 +160,8 @@ class ShmOps(CpuOps):
     def __init__(self, coll: ShmCollectives) -> None:
         self.chan = coll.chan
         self.coll = coll
-        self.p2p = ShmP2P(coll.chan)
+        rendezvous = config.shm_p2p_rendezvous()  # read when the communicator is made
+        self.p2p = ShmP2P(coll.chan, lambda: rendezvous and coll.single.usable is True)
         self._user_bytes = host_arrays.UserBytes()
         self.size = coll.size
         self.rank = coll.rank
