@@ -126,6 +126,8 @@ class ShmP2P:
         self._incoming: dict[int, _Incoming] = defaultdict(_Incoming)
         self._sent: dict[int, int] = defaultdict(int)  # chunks written, per destination
         self._got: dict[int, int] = defaultdict(int)  # chunks read, per source
+        #: Per source, a rendezvous chunk whose read failed: not routed or read again.
+        self._unread: dict[int, int] = {}
         self._chunk = chan.layout.pair_bytes
         chan.idle = self._progress_in_background
         self._bytes = chan.flags.cast("B")  # the whole segment, for the direct path
@@ -381,6 +383,8 @@ class ShmP2P:
             parity = i & 1
             t = incoming.current
             if t is None:
+                if self._unread.get(peer) == i:
+                    return  # its receive raised; the communicator is failing
                 meta = layout.pair_flag(peer, me, PMETA0 + parity)
                 count = flags[meta + _COUNT]
                 t = self._route(incoming, peer, abs(count), flags[meta + _TAG])
@@ -388,6 +392,7 @@ class ShmP2P:
                     return
                 if count < 0:  # a rendezvous: the whole message, out of the sender's memory
                     if not self._rendezvous_read(t, peer, flags[meta + _ADDRESS]):
+                        self._unread[peer] = i
                         return
                     flags[layout.pair_flag(peer, me, ACKED)] = i
                     chan.ring_rank(peer)
