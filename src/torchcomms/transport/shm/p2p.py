@@ -383,7 +383,7 @@ class ShmP2P:
             parity = i & 1
             t = incoming.current
             if t is None:
-                if self._unread.get(peer) == i:
+                if self._unread and self._unread.get(peer) == i:
                     return  # its receive raised; the communicator is failing
                 meta = layout.pair_flag(peer, me, PMETA0 + parity)
                 count = flags[meta + _COUNT]

@@ -17,9 +17,8 @@ reads, and copies or reduces straight from the peers' slots with torch kernels:
   its peer's tensor);
 * broadcast / scatter: the root writes, the others read; gather the reverse;
 * all_gather, reduce_scatter and all_to_all move a column block of every rank's
-  contribution per round, as one strided copy or reduction when sizes are even (all_gather
-  and uniform all_to_all pass only the peers' parts through the slots: a rank's own part
-  is copied once, straight, while the peers fill their slots); large
+  contribution per round, as one strided copy or reduction when sizes are even (all_gather,
+  uniform all_to_all and broadcast of more than one round: ``cpu.shm.slot_copies``); large
   all_gather, uniform all_to_all and broadcast copy once, straight between the ranks' address
   spaces (``cpu.shm.single_copy``).
 
@@ -45,6 +44,7 @@ import torch
 
 from torchcomms import fingerprint as F
 from torchcomms.backends.cpu.reductions import BINARY, BINARY_BOOL, reduce_rows
+from torchcomms.backends.cpu.shm import slot_copies
 from torchcomms.backends.cpu.shm.oneshot import OneShot
 from torchcomms.backends.cpu.shm.single_copy import (
     BROADCAST_MIN_BYTES,
@@ -52,7 +52,6 @@ from torchcomms.backends.cpu.shm.single_copy import (
     PAIR_REDUCTION_MIN_BYTES,
     SingleCopy,
 )
-from torchcomms.backends.cpu.staging import overlaps
 from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
 from torchcomms.transport.shm.channel import ShmChannel
@@ -346,35 +345,7 @@ class ShmCollectives:
         if self.single.wanted(nbytes, fp, deadline, self._broadcast_single_min):
             self.single.broadcast(flat, root, fp, deadline)
             return
-        self._broadcast_slots(flat, root, fp, deadline)
-
-    def _broadcast_slots(
-        self, flat: torch.Tensor, root: int, fp: Fingerprint | None, deadline: Deadline
-    ) -> None:
-        """broadcast through the root's slot, a slot per round (the root runs up to two
-        rounds ahead of its peers)."""
-        chan = self.chan
-        n = flat.numel()
-        dtype = flat.dtype
-        cap = chan.slot_capacity(dtype)
-        for start in range(0, n, cap):
-            c = min(cap, n - start)
-            if start == 0:  # every rank publishes and checks every fingerprint
-                k = chan.begin(deadline)
-                if self.rank == root:
-                    chan.slot(root, k, dtype, c).copy_(flat[:c])
-                chan.exchange(k, deadline, fp, "broadcast")
-                if self.rank != root:
-                    flat[:c].copy_(chan.slot(root, k, dtype, c))
-            elif self.rank == root:
-                k = chan.begin(deadline)
-                chan.slot(root, k, dtype, c).copy_(flat[start : start + c])
-                chan.publish(k)
-            else:
-                k = chan.next_round()
-                chan.wait_rank(k, root, deadline)
-                flat[start : start + c].copy_(chan.slot(root, k, dtype, c))
-            chan.finish(k)
+        slot_copies.broadcast(self.chan, flat, root, fp, deadline)
 
     def scatter(
         self, out: torch.Tensor, inputs: Sequence[torch.Tensor], root: int, deadline: Deadline
@@ -448,37 +419,7 @@ class ShmCollectives:
         if self.single.wanted(n * dtype.itemsize, fp, deadline):
             self.single.all_gather(out, inp, fp, deadline)
             return
-        self._all_gather_slots(out, inp, fp, deadline)
-
-    def _all_gather_slots(
-        self, out: torch.Tensor, inp: torch.Tensor, fp: Fingerprint | None, deadline: Deadline
-    ) -> None:
-        """all_gather through the slots, a slot of each rank's input per round."""
-        chan = self.chan
-        n = inp.numel()
-        dtype = inp.dtype
-        me = self.rank
-        own: torch.Tensor | None = out[me]
-        if out[me].data_ptr() == inp.data_ptr():
-            own = None  # in place: this rank's row is there already
-        elif overlaps(inp, out):
-            inp = inp.clone()  # another row of ``out``: a peer's row will land on it
-        cap = chan.slot_capacity(dtype)
-        for start in range(0, n, cap):
-            c = min(cap, n - start)
-            k = chan.begin(deadline)
-            chan.slot(me, k, dtype, c).copy_(inp[start : start + c])
-            chan.publish(k, fp if start == 0 else None)
-            if own is not None and start == 0:  # while the peers fill their slots
-                own.copy_(inp)
-            chan.wait_all(k, deadline, fp if start == 0 else None, "all_gather")
-            # Only the peers' rows (before and after this rank's): one strided copy each.
-            rows = chan.rows(k, dtype, c)
-            if me > 0:
-                out[:me, start : start + c].copy_(rows[:me])
-            if me + 1 < self.size:
-                out[me + 1 :, start : start + c].copy_(rows[me + 1 :])
-            chan.finish(k)
+        slot_copies.all_gather(self.chan, out, inp, fp, deadline)
 
     def all_gather_v(
         self, outs: Sequence[torch.Tensor], inp: torch.Tensor, deadline: Deadline
@@ -534,7 +475,7 @@ class ShmCollectives:
             if self.single.wanted(n * item, fp, deadline):
                 self.single.all_to_all(out, inp, n, fp, deadline)
                 return
-            self._all_to_all_uniform(out, inp, n, fp, deadline)
+            slot_copies.all_to_all(self.chan, out, inp, n, fp, deadline)
             return
         fp = F.make(F.ALL_TO_ALL_V, dtype, 0) if self._enter() else None
         in_offs = _offsets(in_splits)
@@ -570,55 +511,6 @@ class ShmCollectives:
             rounds -= 1
             if rounds <= 0:
                 return
-
-    def _all_to_all_uniform(
-        self,
-        out: torch.Tensor,
-        inp: torch.Tensor,
-        n: int,
-        fp: Fingerprint | None,
-        deadline: Deadline,
-    ) -> None:
-        """``n`` elements from every rank to every rank, through the slots.
-
-        A rank's slot holds one region per peer (its own chunk never passes through a slot:
-        it is copied once, while the peers fill their slots): region ``d`` for a peer
-        ``d`` below this rank, ``d - 1`` above it.  So the chunks for the peers below and
-        above this rank are one strided copy each, in and out."""
-        chan = self.chan
-        size, me = self.size, self.rank
-        dtype = inp.dtype
-        item = dtype.itemsize
-        per = max(chan.slot_capacity(dtype) // (size - 1), 1)
-        stride = chan.layout.slot_bytes // item
-        in_place = inp.data_ptr() == out.data_ptr()  # safe: a round reads its columns first
-        if not in_place and overlaps(inp, out):
-            inp = inp.clone()  # the chunks this rank sends must survive its writes
-        src2d, dst2d = inp.view(size, n), out.view(size, n)
-        for start in range(0, n, per):
-            c = min(per, n - start)
-            k = chan.begin(deadline)
-            mine = chan.layout.slot_offset(k & 1, me)
-            if me > 0:  # regions 0 .. me-1: peers 0 .. me-1
-                chan.view(mine, dtype, (me, c), (per, 1)).copy_(src2d[:me, start : start + c])
-            if me + 1 < size:  # regions me .. size-2: peers me+1 .. size-1
-                chan.view(mine + me * per * item, dtype, (size - 1 - me, c), (per, 1)).copy_(
-                    src2d[me + 1 :, start : start + c]
-                )
-            chan.publish(k, fp if start == 0 else None)
-            if start == 0 and not in_place:
-                dst2d[me].copy_(src2d[me])
-            chan.wait_all(k, deadline, fp if start == 0 else None, "all_to_all")
-            first = chan.layout.slot_offset(k & 1, 0)
-            if me > 0:  # peers below hold this rank's chunk in region me - 1
-                at = first + (me - 1) * per * item
-                dst2d[:me, start : start + c].copy_(chan.view(at, dtype, (me, c), (stride, 1)))
-            if me + 1 < size:  # peers above hold it in region me
-                at = first + ((me + 1) * stride + me * per) * item
-                dst2d[me + 1 :, start : start + c].copy_(
-                    chan.view(at, dtype, (size - 1 - me, c), (stride, 1))
-                )
-            chan.finish(k)
 
     def barrier(self, deadline: Deadline) -> None:
         self.oneshot.barrier(deadline)
