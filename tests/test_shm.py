@@ -609,6 +609,19 @@ def test_create_finalize_cycles_leave_no_segment_mapping_or_fd() -> None:
 DEAD_PEER_BOUND_S = 10.0
 
 
+def _run_one_killed(
+    fn: Callable[..., Any], world: int, dead: int, tmp_path: Path, *args: Any
+) -> None:
+    """Run ``fn(ctx, report_dir, *args)`` on ``world`` ranks, of which rank ``dead`` SIGKILLs
+    itself: it, and only it, died; no rank timed out or raised (the survivors report through
+    files in ``tmp_path``)."""
+    with pytest.raises(RankFailure) as info:
+        run_ranks(fn, world, str(tmp_path), *args, timeout=120)
+    failure = info.value
+    assert list(failure.died) == [dead] and "SIGKILL" in failure.died[dead], str(failure)
+    assert not failure.timed_out and not failure.errors, str(failure)
+
+
 def _killed_mid_collective(ctx: RankContext, report_dir: str) -> None:
     """Rank 2 dies (SIGKILL) inside a chunked all_reduce; ranks 0 and 1 must name it.
 
@@ -658,11 +671,7 @@ def _killed_mid_collective(ctx: RankContext, report_dir: str) -> None:
 
 
 def test_peer_sigkilled_mid_collective_is_named_by_every_survivor(tmp_path: Path) -> None:
-    with pytest.raises(RankFailure) as info:
-        run_ranks(_killed_mid_collective, 3, str(tmp_path), timeout=120)
-    failure = info.value
-    assert 2 in failure.died and "SIGKILL" in failure.died[2], str(failure)
-    assert not failure.timed_out and not failure.errors, str(failure)
+    _run_one_killed(_killed_mid_collective, 3, 2, tmp_path)
     for rank in (0, 1):
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
         for what, comm in (
@@ -737,11 +746,7 @@ def _killed_between_address_and_copy(ctx: RankContext, report_dir: str, op: str)
 
 @pytest.mark.parametrize("op", ["broadcast", "reduce"])
 def test_a_peer_killed_inside_a_single_copy_op_is_named(tmp_path: Path, op: str) -> None:
-    with pytest.raises(RankFailure) as info:
-        run_ranks(_killed_between_address_and_copy, 2, str(tmp_path), op, timeout=120)
-    failure = info.value
-    assert 1 in failure.died and "SIGKILL" in failure.died[1], str(failure)
-    assert not failure.timed_out and not failure.errors, str(failure)
+    _run_one_killed(_killed_between_address_and_copy, 2, 1, tmp_path, op)
     got = json.loads((tmp_path / "rank0.json").read_text())
     assert got["type"] == PeerFailureError.__name__, got
     assert "peer rank 1 died" in got["text"] and op in got["text"], got
@@ -1450,6 +1455,12 @@ def _rendezvous(ctx: RankContext) -> dict[str, Any]:
         assert torch.equal(six, torch.full((big,), 6.0)) and torch.equal(
             five, torch.full((big,), 5.0)
         )
+    # A read the kernel refuses (address 4096 of a live peer) fails the message, naming the
+    # peer and the reason, and writes nothing.
+    engine = comm.get_backend_impl()._ops.p2p  # type: ignore[attr-defined]
+    bad_read = p2p.Transfer(False, peer, torch.full((8,), 7, dtype=torch.uint8), None)
+    refused = [read(engine, bad_read, peer, 4096), str(bad_read.error)]
+    refused += [bad_read.error.kind if bad_read.error else None, bad_read.buf.tolist()]
     comm.barrier(False)
     comm.finalize()
 
@@ -1467,7 +1478,7 @@ def _rendezvous(ctx: RankContext) -> dict[str, Any]:
     else:
         error = {"type": None}
     bad.finalize()
-    return {"reads": reads, "error": error}
+    return {"reads": reads, "error": error, "refused": refused}
 
 
 def test_large_messages_go_by_rendezvous_in_order_tagged_and_mismatched() -> None:
@@ -1481,6 +1492,9 @@ def test_large_messages_go_by_rendezvous_in_order_tagged_and_mismatched() -> Non
     assert "2097152 bytes sent, 3145728 bytes expected" in receiver["text"], receiver
     assert sender["type"] == "PeerFailureError" and "peer rank 1" in sender["text"], sender
     assert sender["s"] < DEAD_PEER_BOUND_S, sender
+    for rank, res in enumerate(results):
+        text = f"reading a message from peer rank {1 - rank} failed: Bad address"
+        assert res["refused"] == [False, text, "peer_failed", [7] * 8], (rank, res["refused"])
 
 
 def _rendezvous_sender_killed(ctx: RankContext, report_dir: str) -> None:
@@ -1504,6 +1518,14 @@ def _rendezvous_sender_killed(ctx: RankContext, report_dir: str) -> None:
         p2p.ShmP2P._rendezvous_send = then_die  # type: ignore[method-assign]
         comm.send(torch.ones(n), 0, False)
         raise AssertionError("rank 1 should have died")
+    attempts = []
+    read = p2p.ShmP2P._rendezvous_read
+
+    def counted(self: Any, t: Any, src: int, address: int) -> bool:
+        attempts.append(t.nbytes)
+        return read(self, t, src, address)
+
+    p2p.ShmP2P._rendezvous_read = counted  # type: ignore[method-assign]
     time.sleep(0.5)
     start = time.monotonic()
     got = torch.zeros(n)
@@ -1515,17 +1537,20 @@ def _rendezvous_sender_killed(ctx: RankContext, report_dir: str) -> None:
         seen = {"type": None, "text": "returned"}
     seen["s"] = time.monotonic() - start
     seen["untouched"] = bool(torch.equal(got, torch.zeros(n)))
+    # Progress after the failure neither reads the message again nor keeps it as unexpected.
+    engine = comm.get_backend_impl()._ops.p2p  # type: ignore[attr-defined]
+    for _ in range(3):
+        engine._progress_in_background()
+    seen["attempts"] = attempts
+    seen["unexpected"] = len(engine._incoming[1].unexpected)
     Path(report_dir, "rank0.json").write_text(json.dumps(seen))
     comm.finalize()
 
 
 def test_a_sender_killed_before_its_rendezvous_is_read_is_named(tmp_path: Path) -> None:
-    with pytest.raises(RankFailure) as info:
-        run_ranks(_rendezvous_sender_killed, 2, str(tmp_path), timeout=120)
-    failure = info.value
-    assert 1 in failure.died and "SIGKILL" in failure.died[1], str(failure)
-    assert not failure.timed_out and not failure.errors, str(failure)
+    _run_one_killed(_rendezvous_sender_killed, 2, 1, tmp_path)
     got = json.loads((tmp_path / "rank0.json").read_text())
     assert got["type"] == PeerFailureError.__name__, got
     assert "peer rank 1 died (process gone) while this rank read its message" in got["text"]
     assert got["untouched"] and got["s"] < DEAD_PEER_BOUND_S, got
+    assert got["attempts"] == [2 << 20] and got["unexpected"] == 0, got
