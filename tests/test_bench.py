@@ -182,6 +182,18 @@ def test_metric_formulas_and_busbw_factor_per_op() -> None:
         for n in (2, 4):
             assert model(n) == k(n), (name, n)
     assert OPS["barrier"].traffic is None and not OPS["barrier"].sized
+    # in-place APIs: the out-of-place column times the bench's copy of the input first
+    copy_in = {"all_reduce": lambda n: 2 * n, "reduce": lambda n: 2 * n, "broadcast": lambda n: 2}
+    for name, k in traffic.items():
+        for n in (2, 4):
+            extra = copy_in[name](n) if name in copy_in else 0
+            assert OPS[name].traffic_at(n, False) == k(n) + extra, (name, n)
+            assert OPS[name].traffic_at(n, True) == k(n), (name, n)
+    assert OPS["all_reduce"].traffic_text_at(False) == "7N+1"
+    assert OPS["reduce"].traffic_text_at(False) == "5N+1"
+    assert OPS["broadcast"].traffic_text_at(False) == "2N+2"
+    assert OPS["all_gather"].traffic_text_at(False) == "2N+2"
+    assert OPS["barrier"].traffic_at(2, False) is None
 
     assert metrics.algbw(2_000_000_000, 2.0) == 1.0  # GB = 1e9
     assert metrics.algbw(1 << 20, 1e-3) == pytest.approx(1.048576)
@@ -429,6 +441,12 @@ def test_smoke_two_ranks_quick_json(tmp_path: Any) -> None:
                 assert cell["pct_ceiling"] == pytest.approx(
                     100 * cell["ours"]["algbw_GBps"] / cell["ceiling_algbw_GBps"]
                 ), where
+        if row["size"] and len(spec.placements) == 2:  # one B, each placement's own model
+            moved = [
+                row[key]["ceiling_algbw_GBps"] * spec.traffic_at(2, key == "in_place")
+                for key in ("out_of_place", "in_place")
+            ]
+            assert moved[0] == pytest.approx(moved[1]), where
 
 
 def _bench_as_rank(ctx: RankContext, argv: list[str]) -> tuple[int, str]:

@@ -97,6 +97,23 @@ class OpSpec:
     time_divisor: int = 1  # ping-pong: one-way time = round trip / 2
     checked_rank: Callable[[int, int], int | None] = lambda n, root: n - 1  # corrupt target
     aliases: tuple[str, ...] = field(default_factory=tuple)
+    #: In-place APIs only: the traffic of the bench's own copy of the input into the output,
+    #: which the out-of-place column times before the op (``2N``: every rank copies S).
+    copy_in_text: str = "0"
+
+    def traffic_text_at(self, in_place: bool) -> str:
+        """The model as printed for one placement: the out-of-place column adds the copy."""
+        if in_place or self.copy_in_text == "0":
+            return self.traffic_text
+        return _spelled(_coefficients(self.traffic_text), _coefficients(self.copy_in_text))
+
+    def traffic_at(self, nranks: int, in_place: bool) -> float | None:
+        """``k(N)`` for one placement: the bytes the timed call moves, in units of S."""
+        if self.traffic is None:
+            return None
+        a, b = _coefficients(self.copy_in_text)
+        extra = 0 if in_place else a * nranks + b
+        return self.traffic(nranks) + extra
 
     def count_for(self, nbytes: int, nranks: int, elem_size: int) -> int:
         """Elements a row of ``nbytes`` moves, rounded down as nccl-tests does."""
@@ -461,13 +478,28 @@ _BUSBW_FACTORS: dict[str, Callable[[int], float]] = {
 }
 
 
+def _coefficients(text: str) -> tuple[int, int]:
+    """``(a, b)`` of the model ``aN+b`` that ``text`` spells (``5N+1``, ``2N``, ``4``)."""
+    slope, per_rank, rest = text.partition("N")
+    return (int(slope or 1), int(rest or 0)) if per_rank else (0, int(slope))
+
+
+def _spelled(*terms: tuple[int, int]) -> str:
+    """The sum of models ``aN+b``, written as a ``traffic_text``."""
+    a = sum(t[0] for t in terms)
+    b = sum(t[1] for t in terms)
+    slope = "" if a == 0 else ("N" if a == 1 else f"{a}N")
+    if not slope:
+        return str(b)
+    return slope if b == 0 else f"{slope}+{b}"
+
+
 def _traffic(text: str) -> Callable[[int], float] | None:
-    """The model ``k(N) = aN+b`` that a ``traffic_text`` spells (``5N+1``, ``2N``, ``4``), or
-    None for ``-`` (no payload)."""
+    """The model ``k(N) = aN+b`` that a ``traffic_text`` spells, or None for ``-`` (no
+    payload)."""
     if text == "-":
         return None
-    slope, per_rank, rest = text.partition("N")
-    a, b = (int(slope or 1), int(rest or 0)) if per_rank else (0, int(slope))
+    a, b = _coefficients(text)
     return lambda n: a * n + b
 
 
@@ -491,7 +523,7 @@ def _spec(
 
 
 _TABLE = (
-    _spec("all_reduce", "2(n-1)/n", "5N+1", _build_all_reduce, reduces=True),
+    _spec("all_reduce", "2(n-1)/n", "5N+1", _build_all_reduce, reduces=True, copy_in_text="2N"),
     _spec(
         "reduce",
         "1",
@@ -499,9 +531,10 @@ _TABLE = (
         _build_reduce,
         reduces=True,
         rooted=True,
+        copy_in_text="2N",
         checked_rank=lambda n, root: root,
     ),
-    _spec("broadcast", "1", "2N", _build_broadcast, rooted=True),
+    _spec("broadcast", "1", "2N", _build_broadcast, rooted=True, copy_in_text="2"),
     _spec(
         "all_gather",
         "(n-1)/n",

@@ -267,6 +267,7 @@ def _cell(
     mem_bw: float | None,
     checked: bool,
     has_mpi: bool = True,
+    in_place: bool = True,
 ) -> dict[str, Any]:
     factor = spec.busbw_factor(nranks)
     by_name = {
@@ -281,8 +282,9 @@ def _cell(
     fr_off = by_name.get("ours_fr_off")
     ceiling = None
     pct = None
-    if spec.traffic is not None and mem_bw is not None and nbytes > 0:
-        ceiling = metrics.ceiling_algbw(mem_bw, spec.traffic(nranks))
+    traffic = spec.traffic_at(nranks, in_place)
+    if traffic is not None and mem_bw is not None and nbytes > 0:
+        ceiling = metrics.ceiling_algbw(mem_bw, traffic)
         pct = 100.0 * ours["algbw_GBps"] / ceiling
     return {
         "ours": ours,
@@ -459,7 +461,16 @@ def _sweep(
                 )
                 wrong_total += sum(wrong) if checked else 0
                 cell = _cell(
-                    spec, nbytes, size, session.impls, times, wrong, mem_bw, checked, has_mpi
+                    spec,
+                    nbytes,
+                    size,
+                    session.impls,
+                    times,
+                    wrong,
+                    mem_bw,
+                    checked,
+                    has_mpi,
+                    in_place,
                 )
                 for impl, cores in zip(session.impls, busy, strict=True):
                     if cell.get(impl.name) is not None:
@@ -482,9 +493,20 @@ def _ceiling_text(spec: OpSpec, size: int, mem_bw: float | None) -> str:
     if spec.traffic is None or mem_bw is None:
         return "no payload: time only"
     procs = "1 proc" if spec.time_divisor > 1 else f"{size} procs"
-    ceiling = metrics.ceiling_algbw(mem_bw, spec.traffic(size))
+    models = []
+    for in_place in sorted(set(spec.placements)):
+        traffic = spec.traffic_at(size, in_place)
+        assert traffic is not None
+        models.append(
+            f"B/({spec.traffic_text_at(in_place)}) = "
+            f"{metrics.ceiling_algbw(mem_bw, traffic):.3f} GB/s"
+        )
+    if len(set(models)) > 1:  # an in-place API: out of place, the bench's copy in is timed
+        text = f"{models[0]} out of place (the input's copy into the output counted), {models[1]} in place"
+    else:
+        text = models[0]
     return (
-        f"memory-bound ceiling algbw = B/({spec.traffic_text}) = {ceiling:.3f} GB/s, with "
+        f"memory-bound ceiling algbw = {text}, with "
         f"B = copy bandwidth ({procs}) = {mem_bw:.2f} GB/s"
     )
 
