@@ -8,7 +8,7 @@ warm-up calls, with timers around the pieces of the shm path they take: for all_
 place: the input is this rank's row of the output) and all_to_all (a separate input), the
 single-copy path's address round (``_addresses``: this rank's own part is copied there),
 its reads from the peer (``_read``) and the closing round (``_done``); for all_reduce, the
-same on the two-rank path (``_combine``: read, add, write back) from 2 MiB, and below it the
+same on the two-rank path (``_combine``: read, add, write back) from 512 KiB, and below it the
 one-shot round (``run``; ``_meet`` is its meeting).  ``layers`` is the whole call less the
 path's own method: the TorchComm, backend and shm layers above it.  Sizes are bytes per rank
 (all_gather's output).  Prints each rank's medians in µs; compare with ``python
