@@ -502,7 +502,10 @@ def _ceiling_text(spec: OpSpec, size: int, mem_bw: float | None) -> str:
             f"{metrics.ceiling_algbw(mem_bw, traffic):.3f} GB/s"
         )
     if len(set(models)) > 1:  # an in-place API: out of place, the bench's copy in is timed
-        text = f"{models[0]} out of place (the input's copy into the output counted), {models[1]} in place"
+        text = (
+            f"{models[0]} out of place (the input's copy into the output counted), "
+            f"{models[1]} in place"
+        )
     else:
         text = models[0]
     return (
