@@ -374,13 +374,37 @@ def test_plot_writes_a_png(tmp_path: Any) -> None:
 
 
 # -- end to end ----------------------------------------------------------------------------------
+#: The extras' modules (``mpi``, ``plot``, ``ft``): the bench must run without any of them.
+_OPTIONAL_MODULES = ("mpi4py", "matplotlib", "opentelemetry", "parameterized", "torchft")
+_BLOCKER = """
+import importlib.abc, sys
+class _Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {names!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (blocked by the test)", name=name)
+        return None
+sys.meta_path.insert(0, _Blocked())
+"""
+
+
+def _without_optional_modules(tmp_path: Any) -> dict[str, str]:
+    """An environment whose interpreters cannot import any extra's module (a sitecustomize on
+    PYTHONPATH puts a refusing finder first), as on a fresh install of the package alone."""
+    site = tmp_path / "no_extras"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_BLOCKER.format(names=set(_OPTIONAL_MODULES)))
+    return {"PYTHONPATH": os.pathsep.join([str(site), SRC_DIR, REPO_ROOT])}
+
+
 def test_smoke_two_ranks_quick_json(tmp_path: Any) -> None:
+    """Also the README's first command's situation: no extra installed (issue 51)."""
     path = tmp_path / "bench.json"
     proc = _bench(
         [
             *("--nproc", "2", "--quick", "--vs", "gloo", "--fr-overhead", "-n", "3"),
             *("--json", str(path), "--affinity", "spread"),
-        ]
+        ],
+        env=_without_optional_modules(tmp_path),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
@@ -560,6 +584,17 @@ def test_vs_mpi_under_mpirun_times_and_checks_mpi_beside_ours(tmp_path: Any) -> 
             assert mpi["wrong"] == (0 if spec.sized else None), where
             assert 0 < mpi["min_us"] <= mpi["p50_us"], where
             assert cell["mpi_ratio"] == pytest.approx(mpi["p50_us"] / ours["p50_us"]), where
+
+
+def test_vs_mpi_without_mpi4py_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # import mpi4py raises ImportError
+    with pytest.raises(SystemExit) as info:
+        cli.parse_args(["--vs", "gloo,mpi", "--quick"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--vs mpi: mpi4py is not installed (pip install 'torchcomms-py[mpi]'" in err, err
 
 
 def test_vs_mpi_outside_an_mpi_launcher_says_how_to_run(capsys: pytest.CaptureFixture[str]) -> None:

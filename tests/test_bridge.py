@@ -210,14 +210,25 @@ def _init_timeout(b: Bridge) -> str:
 def _set_pg_timeout(b: Bridge) -> None:
     pg = b.pg
     before = pg.options._timeout
-    # torch 2.13's _set_pg_timeout looks for a _BackendWrapper only among *cuda* backends; on a
-    # CPU-only group it warns and changes nothing (a PyTorch-side gap).
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        c10d._set_pg_timeout(timedelta(seconds=77), pg)
-    texts = [str(w.message) for w in caught]
-    assert any("only supported for either nccl or gloo" in t for t in texts), texts
-    assert pg.options._timeout == before
+    if hasattr(dist, "set_timeout"):
+        # 2.14+: _set_pg_timeout is a deprecated alias of dist.set_timeout, which reaches the
+        # group's own set_timeout.
+        c10d._set_pg_timeout(timedelta(seconds=66), pg)
+        assert pg.options._timeout == timedelta(seconds=66)
+        t = torch.ones(3)
+        work = dist.all_reduce(t, async_op=True)
+        assert pg._verify_work_timeout(work, timedelta(seconds=66))
+        work.wait()
+        pg._set_default_timeout(before)
+    else:
+        # torch 2.13's _set_pg_timeout looks for a _BackendWrapper only among *cuda* backends;
+        # on a CPU-only group it warns and changes nothing (a PyTorch-side gap).
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            c10d._set_pg_timeout(timedelta(seconds=77), pg)
+        texts = [str(w.message) for w in caught]
+        assert any("only supported for either nccl or gloo" in t for t in texts), texts
+        assert pg.options._timeout == before
     # The wrapper's own setter (what _set_pg_timeout calls where it reaches the wrapper).
     pg._set_default_timeout(timedelta(seconds=77))
     assert pg.options._timeout == timedelta(seconds=77)
@@ -1207,8 +1218,9 @@ def test_pg_convenience_overloads(world_size: int) -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="torch 2.13 passes no timeout to new_comm on the torchcomms path, so "
-    "init_process_group(timeout=...) is ignored (the group keeps the comm default, 600 s)",
+    reason="torch 2.13-2.15 pass no timeout to new_comm on the torchcomms path (2.15 does only "
+    "for enable_reconfigure=True groups), so init_process_group(timeout=...) is ignored (the "
+    "group keeps the comm default, 600 s)",
 )
 def test_init_process_group_timeout_reaches_the_group() -> None:
     seen = [outcome["init_timeout"] for outcome in _results(3)]
@@ -1220,7 +1232,20 @@ def test_reinit_on_the_same_store() -> None:
     assert seen == ["ok"] * 3, seen
 
 
+def _hashed_names_advance_the_group_count() -> bool:
+    """Whether this release counts a hashed-name group too (the fix, in 2.14): tried on the
+    module's own counter, which is put back."""
+    world = c10d._world
+    before = world.group_count
+    try:
+        c10d._process_group_name([0], use_hashed_name=True)
+        return bool(world.group_count != before)
+    finally:
+        world.group_count = before
+
+
 @pytest.mark.xfail(
+    not _hashed_names_advance_the_group_count(),
     strict=True,
     reason="torch 2.13 bug on the torchcomms path: new_group names subgroups by a hash of "
     "len(_world.pg_names), which a non-member of an earlier new_group does not increment; "

@@ -178,3 +178,27 @@ def test_a_broken_install_is_said_never_a_silent_fallback() -> None:
 def test_torchcomms_found_after_torch_distributed_switches_the_bridge_on() -> None:
     line = next(line for line in _run(LATE).splitlines() if line.startswith("LATE"))
     assert line == "LATE False _BackendWrapper [1.0, 1.0]", line
+
+
+def test_every_name_this_release_imports_from_us_is_served_mid_import() -> None:
+    """The installed release's own import block (read from its source) against what the
+    package serves before its ``__init__`` has bound anything, and what the submodules hold."""
+    import importlib
+
+    import torchcomms
+    from torch.distributed import distributed_c10d as c10d
+    from torchcomms import _import_guard
+
+    block = _import_guard.torch_import_block(c10d)
+    assert ("torchcomms", "new_comm", "new_comm") in block, block
+    for module, name, _ in block:
+        if module == "torchcomms":
+            assert name in torchcomms._TORCH_LOOKS_UP_HERE, (name, block)
+            served = importlib.import_module(torchcomms._TORCH_LOOKS_UP_HERE[name])
+            assert getattr(served, name) is getattr(torchcomms, name), name
+        else:
+            assert getattr(importlib.import_module(module), name) is not None, (module, name)
+    # what the release bound at its look is ours, under its own names (never PyTorch's own)
+    for module, name, as_name in block:
+        if (module, name) != ("torchcomms._backend_wrapper", "_BackendWrapper"):
+            assert getattr(c10d, as_name) is getattr(importlib.import_module(module), name), as_name

@@ -2,8 +2,15 @@
 
 Import-time rule: ``_comms``, ``hooks`` and what they import use only ``torch``,
 ``torch._C._distributed_c10d`` and the standard library, because PyTorch imports them while
-``torch.distributed`` is half-initialised.  This ``__init__`` binds them first and imports
-``torch.distributed`` itself right after, so import order never matters (``_import_guard``).
+``torch.distributed`` is half-initialised.
+
+PyTorch looks for us once, at its own import of ``torch.distributed`` (which ``import torch``
+itself performs on 2.14+), and switches its ``TORCH_DISTRIBUTED_USE_TORCHCOMMS`` bridge off for
+good if a name is missing.  When the user imports ``torchcomms`` first, that look runs in the
+middle of this ``__init__``: the names PyTorch takes from the package itself are therefore
+served by ``__getattr__`` (defined before anything imports torch) until the imports below bind
+them, and the submodules it takes names from import whole on their own.  So import order never
+matters (``_import_guard`` covers a broken install and a late ``sys.path``).
 """
 
 from __future__ import annotations
@@ -12,9 +19,29 @@ import importlib
 
 from torchcomms import _import_guard
 
+#: The names ``distributed_c10d`` imports from this package itself (``from torchcomms import
+#: ...``), with the module that defines each: what ``__getattr__`` serves while this ``__init__``
+#: is still running.  Checked against each release's own import block (test_import_order).
+_TORCH_LOOKS_UP_HERE = {"new_comm": "torchcomms.comm", "is_backend_built": "torchcomms.registry"}
+
+
+def __getattr__(name: str) -> object:
+    """PyTorch's look mid-import (above), and ``torchcomms.distwrap`` on first use (it imports
+    torch.distributed, so never at import)."""
+    if _import_guard.failure is not None:
+        raise ImportError(_import_guard.failure)
+    if name in _TORCH_LOOKS_UP_HERE:
+        return getattr(importlib.import_module(_TORCH_LOOKS_UP_HERE[name]), name)
+    if name == "distwrap":
+        # not ``from torchcomms import``: that would ask this hook again
+        return importlib.import_module("torchcomms.distwrap")
+    raise AttributeError(f"module 'torchcomms' has no attribute {name!r}")
+
+
 try:
-    # The three names torch.distributed looks up in us at its import come first, so its look
-    # succeeds whichever of the two the user imported first ...
+    # torch first: on 2.14+ this is where PyTorch looks for us (served by __getattr__ above)
+    # when the user imported torchcomms first; then what PyTorch looks up, ...
+    import torch  # noqa: F401
     from torchcomms import hooks
     from torchcomms._comms import (
         BatchP2POptions,
@@ -147,17 +174,8 @@ else:
     # With TORCHCOMMS_PATCH_FOR_COMPILE=1 this makes new communicators traceable by
     # torch.compile; unset, it only defines the version helpers (torchcomms.functional).
     functional._install_if_enabled()
-    _import_guard.redo_torch_look(new_comm, _BackendWrapper, hooks.FlightRecorderHook)
+    _import_guard.redo_torch_look()
 
-
-def __getattr__(name: str) -> object:
-    """``torchcomms.distwrap`` on first use: it imports torch.distributed, so never at import."""
-    if _import_guard.failure is not None:
-        raise ImportError(_import_guard.failure)
-    if name == "distwrap":
-        # not ``from torchcomms import``: that would ask this hook again
-        return importlib.import_module("torchcomms.distwrap")
-    raise AttributeError(f"module 'torchcomms' has no attribute {name!r}")
 
 __version__ = "0.1.0"
 

@@ -1,10 +1,11 @@
 """Keeps PyTorch's one look for torchcomms from failing silently, whatever is imported first.
 
 ``torch.distributed.distributed_c10d`` imports ``torchcomms._comms._BackendWrapper``,
-``torchcomms.new_comm`` and ``torchcomms.hooks.FlightRecorderHook`` once, at its own import,
+``torchcomms.new_comm`` and ``torchcomms.hooks.FlightRecorderHook`` (2.14+ also
+``is_backend_built`` and ``_comms._is_backend_registered``) once, at its own import,
 and turns the ``TORCH_DISTRIBUTED_USE_TORCHCOMMS`` bridge off for the life of the process if
-any of them raises ``ImportError``.  ``torchcomms/__init__`` binds those names before anything
-that imports ``torch.distributed``; this module covers the two cases that ordering cannot:
+any of them raises ``ImportError``.  ``torchcomms/__init__`` serves those names before anything
+imports torch; this module covers the two cases that ordering cannot:
 
 * the package fails to import while PyTorch is looking (a broken install): stand-ins take the
   three names, so the bridge stays on and the first ``init_process_group`` under the switch
@@ -13,11 +14,16 @@ that imports ``torch.distributed``; this module covers the two cases that orderi
   ``import torch.distributed``): the look is redone once torchcomms is whole, if no default
   group exists yet.
 
-Imports only the standard library: it runs inside that half-initialised import.
+Imports only the standard library: it runs inside that half-initialised import.  What each
+release imports from us is read from its own ``distributed_c10d`` (``torch_import_block``), so
+no list of names here can fall behind a release.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
 import logging
 import sys
 import types
@@ -40,8 +46,14 @@ def _raise_failure(*_args: Any, **_kwargs: Any) -> NoReturn:
     raise RuntimeError(failure)
 
 
+def _claims_backends(*_args: Any, **_kwargs: Any) -> bool:
+    return True  # so PyTorch routes the group to new_comm, which says why it cannot run
+
+
 def stand_in(package: dict[str, Any], exc: ImportError) -> None:
-    """Give PyTorch's look names that raise ``exc``'s story when the bridge is used."""
+    """Give PyTorch's look names that raise ``exc``'s story when the bridge is used: every
+    name this release imports from us (its predicates claim the backend, so the first
+    ``init_process_group`` under the switch reaches the stand-in ``new_comm``)."""
     global failure
     failure = (
         "torchcomms failed to import, so TORCH_DISTRIBUTED_USE_TORCHCOMMS cannot create "
@@ -53,18 +65,43 @@ def stand_in(package: dict[str, Any], exc: ImportError) -> None:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             _raise_failure()
 
-    for name, attr in (("torchcomms._comms", "_BackendWrapper"),
-                       ("torchcomms.hooks", "FlightRecorderHook")):
-        module = sys.modules.get(name)
-        if module is None or not hasattr(module, attr):
-            module = types.ModuleType(name, f"stand-in: {failure}")
-            sys.modules[name] = module
-        if not hasattr(module, attr):
-            setattr(module, attr, _Unavailable)
-    package["new_comm"] = _raise_failure
+    wanted = torch_import_block(sys.modules[_C10D])
+    for module_name, name, _ in wanted:
+        if module_name == "torchcomms":
+            namespace = package
+        else:
+            module = sys.modules.get(module_name)
+            if module is None:
+                module = types.ModuleType(module_name, f"stand-in: {failure}")
+                sys.modules[module_name] = module
+            namespace = module.__dict__
+        if name in namespace and module_name != "torchcomms":
+            continue  # the submodule imported whole: PyTorch may use it as it is
+        if name.startswith(("is_", "_is_")):
+            namespace[name] = _claims_backends
+        elif name[:1].isupper() or name.startswith("_") and name[1:2].isupper():
+            namespace[name] = _Unavailable
+        else:
+            namespace[name] = _raise_failure
 
 
-def redo_torch_look(new_comm: Any, backend_wrapper: type, recorder_hook: type) -> None:
+def torch_import_block(c10d: types.ModuleType) -> list[tuple[str, str, str]]:
+    """What this release's ``distributed_c10d`` imports from us, read from its own source:
+    ``(our module, our name, the name it binds)`` for each ``from torchcomms... import``.
+
+    Read rather than listed, so a redone look binds exactly what the installed release binds,
+    under its names (2.15 binds our hook as ``_TorchCommsFlightRecorderHook``, beside its own
+    ``FlightRecorderHook``, which must stay PyTorch's)."""
+    source = inspect.getsource(c10d)
+    found: list[tuple[str, str, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "torchcomms" or node.module.startswith("torchcomms."):
+                found += [(node.module, a.name, a.asname or a.name) for a in node.names]
+    return found
+
+
+def redo_torch_look() -> None:
     """Switch PyTorch's bridge on if its look for us failed before we were importable."""
     c10d = sys.modules.get(_C10D)
     if c10d is None or torch_is_looking() or getattr(c10d, "_TORCHCOMM_AVAILABLE", True):
@@ -76,7 +113,15 @@ def redo_torch_look(new_comm: Any, backend_wrapper: type, recorder_hook: type) -
             "group already exists, so that group does not run on torchcomms"
         )
         return
-    for name, value in (("_BackendWrapper", backend_wrapper), ("new_comm", new_comm),
-                        ("FlightRecorderHook", recorder_hook), ("_TORCHCOMM_AVAILABLE", True)):
-        setattr(c10d, name, value)
-    _LOG.info("torch.distributed's bridge to torchcomms switched on after a failed first look")
+    bound: dict[str, Any] = {}
+    for module, name, as_name in torch_import_block(c10d):
+        # the fallbacks (``_backend_wrapper._BackendWrapper``) bind what the first choice does
+        bound.setdefault(as_name, getattr(importlib.import_module(module), name))
+    for as_name, value in bound.items():
+        setattr(c10d, as_name, value)
+    c10d._TORCHCOMM_AVAILABLE = True  # type: ignore[attr-defined]
+    _LOG.info(
+        "torch.distributed's bridge to torchcomms switched on after a failed first look "
+        "(bound %s)",
+        ", ".join(sorted(bound)),
+    )

@@ -157,10 +157,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, runner.Settings]:
         if args.nproc is not None:
             parser.error("--vs mpi runs under mpirun, which starts the ranks: drop --nproc")
         why = mpib.missing()
-        if why is not None:  # the rest of the run goes on without the MPI column
-            print(f"torchcomms.bench: --vs mpi skipped: {why}", file=sys.stderr)
-            baselines.discard("mpi")
-        elif not mpib.launched():
+        if why is not None:  # asked for and impossible: say so before anything starts
+            parser.error(f"--vs mpi: {why}")
+        if not mpib.launched():
             parser.error(f"--vs mpi: {mpib.LAUNCH_HINT}")
     settings = runner.Settings(
         ops=specs,

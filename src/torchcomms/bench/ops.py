@@ -55,6 +55,8 @@ class CaseParams:
     redop: str
     root: int
     in_place: bool
+    #: ``--vs mpi`` asked for: only then are MPI's views built (mpi4py is imported only then).
+    vs_mpi: bool = False
 
 
 def _noop() -> None:
@@ -189,6 +191,15 @@ def _compared(
     )
 
 
+def _mpi_buffer(p: CaseParams, t: torch.Tensor, reduce: bool) -> Any | None:
+    """MPI's view of ``t`` under ``--vs mpi``; None otherwise (then no MPI call ever runs)."""
+    return mpib.buffer(t, reduce) if p.vs_mpi else None
+
+
+def _mpi_in_place(p: CaseParams) -> Any | None:
+    return mpib.in_place() if p.vs_mpi else None
+
+
 def _ours_op(p: CaseParams) -> ReduceOp:
     return REDOPS[p.redop][0]
 
@@ -231,7 +242,7 @@ def _in_place_reduction(
             buf.copy_(src)
         gloo_on(pg, buf)
 
-    view = mpib.buffer(buf, reduce=True)
+    view = _mpi_buffer(p, buf, True)
 
     def mpi(world: Any) -> None:
         if not p.in_place:
@@ -314,7 +325,7 @@ def _build_broadcast(p: CaseParams) -> Case:
         o.rootRank = p.root
         pg.broadcast([buf], o).wait()
 
-    view = mpib.buffer(buf, reduce=False)
+    view = _mpi_buffer(p, buf, False)
 
     def mpi(world: Any) -> None:
         if not p.in_place and is_root:
@@ -341,8 +352,8 @@ def _build_all_gather(p: CaseParams) -> Case:
     def gloo(pg: Any) -> None:
         pg._allgather_base(out, inp, c10d.AllgatherOptions()).wait()
 
-    out_view = mpib.buffer(out, reduce=False)
-    in_view = mpib.in_place() if p.in_place else mpib.buffer(inp, reduce=False)
+    out_view = _mpi_buffer(p, out, False)
+    in_view = _mpi_in_place(p) if p.in_place else _mpi_buffer(p, inp, False)
 
     def mpi(world: Any) -> None:
         world.Allgather(in_view, out_view)
@@ -374,7 +385,7 @@ def _build_reduce_scatter(p: CaseParams) -> Case:
 
     # MPI's in-place form puts the result at the buffer's start, not at this rank's chunk:
     # only the out-of-place form compares like for like.
-    in_view, out_view = mpib.buffer(inp, reduce=True), mpib.buffer(out, reduce=True)
+    in_view, out_view = _mpi_buffer(p, inp, True), _mpi_buffer(p, out, True)
 
     def mpi(world: Any) -> None:
         world.Reduce_scatter_block(in_view, out_view, mpib.op(p.redop))
@@ -402,7 +413,7 @@ def _build_all_to_all(p: CaseParams) -> Case:
     def gloo(pg: Any) -> None:
         pg.alltoall_base(out, inp, [], [], c10d.AllToAllOptions()).wait()
 
-    in_view, out_view = mpib.buffer(inp, reduce=False), mpib.buffer(out, reduce=False)
+    in_view, out_view = _mpi_buffer(p, inp, False), _mpi_buffer(p, out, False)
 
     def mpi(world: Any) -> None:
         world.Alltoall(in_view, out_view)
@@ -416,7 +427,7 @@ def _build_sendrecv(p: CaseParams) -> Case:
     got = torch.empty_like(payload)
     if p.rank > 1:
         return Case(ours=_noop_comm, gloo=_noop_comm, mpi=_noop_comm)
-    sent, back = mpib.buffer(payload, reduce=False), mpib.buffer(got, reduce=False)
+    sent, back = _mpi_buffer(p, payload, False), _mpi_buffer(p, got, False)
 
     def reset() -> None:
         got.zero_()

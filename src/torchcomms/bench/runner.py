@@ -454,7 +454,14 @@ def _sweep(
             checked = bool(settings.check) and spec.sized
             for in_place in spec.placements:
                 params = CaseParams(
-                    rank, size, count, dtype, settings.redop, settings.root, in_place
+                    rank,
+                    size,
+                    count,
+                    dtype,
+                    settings.redop,
+                    settings.root,
+                    in_place,
+                    vs_mpi=settings.vs_mpi,
                 )
                 times, wrong, busy, has_mpi = _measure(
                     spec, params, session.impls, settings, session.comm
