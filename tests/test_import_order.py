@@ -185,8 +185,9 @@ def test_every_name_this_release_imports_from_us_is_served_mid_import() -> None:
     package serves before its ``__init__`` has bound anything, and what the submodules hold."""
     import importlib
 
-    import torchcomms
     from torch.distributed import distributed_c10d as c10d
+
+    import torchcomms
     from torchcomms import _import_guard
 
     block = _import_guard.torch_import_block(c10d)

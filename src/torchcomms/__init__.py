@@ -42,6 +42,7 @@ try:
     # torch first: on 2.14+ this is where PyTorch looks for us (served by __getattr__ above)
     # when the user imported torchcomms first; then what PyTorch looks up, ...
     import torch  # noqa: F401
+
     from torchcomms import hooks
     from torchcomms._comms import (
         BatchP2POptions,
@@ -61,7 +62,6 @@ try:
         TorchCommWindowAttr,
         TorchWork,
         WorkStatus,
-        _BackendWrapper,
         built_backends,
         is_backend_built,
         new_comm,
@@ -141,6 +141,9 @@ try:
         SplitPreHookArgs,
         WorkWrapper,
         get_mem_allocator,
+    )
+    from torchcomms._comms import (
+        _BackendWrapper as _BackendWrapper,  # PyTorch 2.13-2.15 take it from _comms
     )
     from torchcomms._comms import (
         _is_backend_registered as _is_backend_registered,  # upstream has them; not in __all__

@@ -79,7 +79,7 @@ def stand_in(package: dict[str, Any], exc: ImportError) -> None:
             continue  # the submodule imported whole: PyTorch may use it as it is
         if name.startswith(("is_", "_is_")):
             namespace[name] = _claims_backends
-        elif name[:1].isupper() or name.startswith("_") and name[1:2].isupper():
+        elif name.lstrip("_")[:1].isupper():
             namespace[name] = _Unavailable
         else:
             namespace[name] = _raise_failure
@@ -95,9 +95,13 @@ def torch_import_block(c10d: types.ModuleType) -> list[tuple[str, str, str]]:
     source = inspect.getsource(c10d)
     found: list[tuple[str, str, str]] = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module == "torchcomms" or node.module.startswith("torchcomms."):
-                found += [(node.module, a.name, a.asname or a.name) for a in node.names]
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and (node.module or "").partition(".")[0] == "torchcomms"
+        ):
+            assert node.module is not None
+            found += [(node.module, a.name, a.asname or a.name) for a in node.names]
     return found
 
 
