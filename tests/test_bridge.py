@@ -31,9 +31,9 @@ the formatted traceback, and goes on; each pytest test then checks the outcome o
 behaviour group on every rank, so a failure is reported under the right name. Cases are
 symmetric (every rank takes part in every collective), so a failed assertion on one rank does
 not desynchronise the rest. Some cases return what they observed instead; the strict xfail
-tests document the known gaps with them: ``init_process_group(timeout=...)`` does not reach
-the comm, and torch 2.13's hashed subgroup names
-diverge after a non-member ``new_group``.
+test documents a known gap with them: torch 2.13's hashed subgroup names diverge after a
+non-member ``new_group`` (fixed in 2.14; the xfail holds only where the release has the bug).
+``init_process_group(timeout=...)`` reaches the comm on every release (``c10d_caller``).
 """
 
 from __future__ import annotations
@@ -1216,12 +1216,6 @@ def test_pg_convenience_overloads(world_size: int) -> None:
         assert not broken, f"rank {rank}: {broken}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch 2.13-2.15 pass no timeout to new_comm on the torchcomms path (2.15 does only "
-    "for enable_reconfigure=True groups), so init_process_group(timeout=...) is ignored (the "
-    "group keeps the comm default, 600 s)",
-)
 def test_init_process_group_timeout_reaches_the_group() -> None:
     seen = [outcome["init_timeout"] for outcome in _results(3)]
     assert seen == [str(INIT_TIMEOUT)] * 3, seen

@@ -142,6 +142,43 @@ class _BackendWrapper(c10d.ProcessGroup):
     def supports_coalescing(self) -> bool:
         return True
 
+    # -- rank and size: live, since reconfigure changes them ---------------------------------
+    def rank(self) -> int:
+        """The comm's rank now (-1 before the first ``reconfigure`` of a deferred comm)."""
+        try:
+            return self._comm.get_rank()
+        except RuntimeError:  # finalized: what the group was built with
+            return int(super().rank())
+
+    def size(self) -> int:
+        try:
+            return self._comm.get_size()
+        except RuntimeError:
+            return int(super().size())
+
+    # -- c10d's native reconfigure (torch 2.14+: dist._reconfigure) --------------------------
+    @property
+    def supports_reconfigure(self) -> bool:
+        return self._comm._supports_reconfigure()
+
+    def get_reconfigure_handle(self) -> str:
+        """``dist._get_reconfigure_handle``: the comm's init handle, for the peers to exchange."""
+        return self._comm.get_init_handle()
+
+    def reconfigure(self, opts: Any) -> _WorkWrapper:
+        """``dist._reconfigure``: reconnect over the members ``opts.handles`` name (a list:
+        rank = position; a set: the backend orders them).  Blocks until the comm is ready with
+        its new rank and size, which ``rank()``/``size()`` then report; the returned work is
+        complete.  c10d's own rank maps of *sub*-groups are not rewritten (PyTorch keeps them)."""
+        handles = opts.handles
+        members: list[str] | set[str] = set(handles) if isinstance(handles, set) else list(handles)
+        timeout = getattr(opts, "timeout", None) or None
+        hints = {str(k): str(v) for k, v in dict(getattr(opts, "hints", None) or {}).items()}
+        work = self._comm.reconfigure(int(opts.uuid), members, timeout=timeout, hints=hints or None)
+        self._coalescing = None
+        self._coalesced_batch = None
+        return self._wrap([work], [], timeout)
+
     @property
     def group_name(self) -> str:
         return self._group_name

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from torchcomms import allocator, config, hook_args, registry
+from torchcomms import allocator, c10d_caller, config, hook_args, registry
 from torchcomms.backends import plugin
 from torchcomms.backends.base import TorchCommBackend
 from torchcomms.backends.window_contract import WindowBackend
@@ -381,6 +381,11 @@ def new_comm(
     if not isinstance(name, str) or not name:
         raise TypeError(f"new_comm: name must be a non-empty str, got {name!r}")
     dev = _as_device(device)
+    from_c10d = c10d_caller.group_settings()  # PyTorch creating a group through us
+    if from_c10d is not None:
+        # what the release may not pass: the group's chosen timeout, 2.14's reconfigure mode
+        timeout = timeout if timeout is not None else from_c10d.timeout
+        enable_reconfigure = bool(enable_reconfigure) or from_c10d.enable_reconfigure
     options = CommOptions()
     options.timeout = config.default_timeout()
     options.abort_process_on_timeout_or_error = config.default_abort_on_error()

@@ -155,6 +155,10 @@ class CommCore:
     def get_size(self) -> int:
         return int(self._backend.get_size())
 
+    def _supports_reconfigure(self) -> bool:
+        """Whether the backend can ``reconfigure`` (what c10d's ``supports_reconfigure`` asks)."""
+        return bool(self._backend.supports_reconfigure())
+
     def get_name(self) -> str:
         return str(self._backend.get_comm_name())
 
