@@ -67,8 +67,6 @@ def group_settings() -> GroupSettings | None:
     if frame is None:
         return None
     timeout = frame.f_locals.get("timeout")
-    if not isinstance(timeout, timedelta) or timeout <= timedelta(0):
-        timeout = None
-    elif timeout == frame.f_globals.get("default_pg_timeout"):
+    if not isinstance(timeout, timedelta) or timeout <= timedelta(0) or timeout == frame.f_globals.get("default_pg_timeout"):
         timeout = None
     return GroupSettings(timeout, frame.f_locals.get("enable_reconfigure") is True)
