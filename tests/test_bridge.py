@@ -845,6 +845,49 @@ def _functional_collectives(b: Bridge) -> None:
     torch.testing.assert_close(got, torch.full((2,), (n - 1) / 2), rtol=1e-6, atol=1e-6)
 
 
+def _counted_calls(group: Any) -> tuple[dict[str, int], list[float]]:
+    """What ``CommDebugMode`` counts for a fixed set of c10d and functional calls on ``group``,
+    and the values they produced (so counting never changes a result)."""
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    r, n = dist.get_rank(group), dist.get_world_size(group)
+    t = torch.full((4,), float(r + 1))
+    out = torch.empty(4 * n)
+    parts = [torch.empty(4) for _ in range(n)]
+    shard = torch.empty(2)
+    swapped = torch.empty(2 * n)
+    with CommDebugMode() as mode:
+        dist.all_reduce(t, group=group)
+        dist.broadcast(t, group_src=0, group=group)
+        dist.all_gather_into_tensor(out, t, group=group)
+        dist.all_gather(parts, t, group=group)
+        dist.reduce_scatter_tensor(shard, torch.arange(2.0 * n), group=group)
+        dist.all_to_all_single(swapped, torch.arange(2.0 * n) + 10 * r, group=group)
+        dist.all_reduce(t, group=group, async_op=True).wait()
+        fun = funcol.wait_tensor(funcol.all_reduce(torch.ones(2), "sum", group))
+    counts = {str(op): k for op, k in mode.get_comm_counts().items()}
+    values = [*t.tolist(), *out.tolist(), *shard.tolist(), *swapped.tolist(), *fun.tolist()]
+    return counts, values
+
+
+@case("comm_debug_mode")
+def _comm_debug_mode(b: Bridge) -> dict[str, Any]:
+    """``CommDebugMode`` counts over our group against the same calls over a plain gloo group
+    of the same ranks (parent checks; equal where the release can host a Python backend)."""
+    dist.config.use_torchcomms = False
+    try:
+        plain = dist.new_group(list(range(b.size)), backend="gloo")
+    finally:
+        dist.config.use_torchcomms = True
+    assert type(plain).__name__ == "ProcessGroup", type(plain)
+    ours, ours_values = _counted_calls(b.pg)
+    gloo, gloo_values = _counted_calls(plain)
+    dist.destroy_process_group(plain)
+    assert ours_values == gloo_values, (ours_values, gloo_values)
+    return {"ours": ours, "gloo": gloo}
+
+
 # ------------------------------------------------------------------------------------- hooks
 
 
@@ -1165,6 +1208,22 @@ def test_functional_collectives(world_size: int) -> None:
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_comm_debug_mode_counts_our_collectives(world_size: int) -> None:
+    """PyTorch's ``CommDebugMode`` sees every c10d call on our group as it does on gloo (2.14+;
+    on 2.13, which cannot host a Python c10d backend, it sees the functional collectives)."""
+    from torchcomms._c10d.dispatch import hosts_python_backends
+
+    for rank, outcome in enumerate(_results(world_size)):
+        seen = outcome["comm_debug_mode"]
+        assert isinstance(seen, dict), f"rank {rank}: {seen}"
+        assert seen["gloo"]["c10d.allreduce_"] == 2, seen
+        if hosts_python_backends():
+            assert seen["ours"] == seen["gloo"], f"rank {rank}: {seen}"
+        else:
+            assert seen["ours"] == {"c10d_functional.all_reduce": 1}, f"rank {rank}: {seen}"
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_hooks_fire_for_ops_through_c10d(world_size: int) -> None:
     _check(world_size, "hooks_through_c10d")
 
@@ -1186,6 +1245,7 @@ def test_reinit_after_destroy(world_size: int) -> None:
 
 #: cases that return what they observed (checked by the tests below, some xfail)
 VALUE_CASES = (
+    "comm_debug_mode",
     "init_timeout",
     "pg_overloads",
     "send_recv_tag_order",

@@ -45,6 +45,7 @@ from torchcomms._c10d.args import (
     _single_list,
     _tag,
 )
+from torchcomms._c10d.dispatch import seen_by_dispatch_modes, twin
 from torchcomms._c10d.work import _WorkWrapper
 from torchcomms.comm import BatchSendRecv, TorchComm
 from torchcomms.work import TorchWork
@@ -102,6 +103,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         self._options = _BackendWrapperOptions(comm)
         self._options.group_name = self._group_name
         self._store: c10d.Store | None = None
+        self._twin: tuple[tuple[int, int], c10d.ProcessGroup] | None = None
 
     # -- identity ------------------------------------------------------------------------
     def get_comm(self) -> TorchComm:
@@ -141,6 +143,14 @@ class _BackendWrapper(c10d.ProcessGroup):
     @property
     def supports_coalescing(self) -> bool:
         return True
+
+    def _dispatch_twin(self) -> c10d.ProcessGroup:
+        """The C++ group that takes our calls through the dispatcher while a dispatch mode
+        watches (``_c10d.dispatch``); rebuilt when reconfigure changed rank or size."""
+        key = (self.rank(), self.size())
+        if self._twin is None or self._twin[0] != key:
+            self._twin = (key, twin(self))
+        return self._twin[1]
 
     # -- rank and size: live, since reconfigure changes them ---------------------------------
     def rank(self) -> int:
@@ -282,6 +292,7 @@ class _BackendWrapper(c10d.ProcessGroup):
     # -- collectives ---------------------------------------------------------------------
     # Each method also accepts the binding's convenience overloads, e.g.
     # ``pg.broadcast(tensor, root, timeout)`` or ``pg.allreduce(tensor, op)`` (§7.1 uses them).
+    @seen_by_dispatch_modes
     def broadcast(
         self, tensors: Any, opts: Any = None, root: int | None = None, timeout: Any = None
     ) -> _WorkWrapper:
@@ -293,6 +304,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         work = self._comm.broadcast(t, opts.rootRank, self._async(opts), timeout=timeout)
         return self._wrap([work], [t], timeout)
 
+    @seen_by_dispatch_modes
     @_outside_autograd
     def allreduce(
         self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None
@@ -307,6 +319,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         )
         return self._wrap([work], [t], timeout)
 
+    @seen_by_dispatch_modes
     @_outside_autograd
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> _WorkWrapper:
         opts = opts if opts is not None else c10d.AllreduceCoalescedOptions()
@@ -315,6 +328,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         works = [self._comm.all_reduce(t, op, True, timeout=timeout) for t in tensors]
         return self._wrap(works, list(tensors), timeout)
 
+    @seen_by_dispatch_modes
     def reduce(
         self,
         tensors: Any,
@@ -333,6 +347,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         )
         return self._wrap([work], [t], timeout)
 
+    @seen_by_dispatch_modes
     @_outside_autograd
     def allgather(
         self, output_lists: Any, inputs: Any, opts: Any = None, timeout: Any = None
@@ -358,6 +373,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         work = self._comm.all_gather(outputs, t, self._async(opts), timeout=timeout)
         return self._wrap([work], outputs, timeout)
 
+    @seen_by_dispatch_modes
     @_outside_autograd
     def allgather_coalesced(
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
@@ -374,12 +390,14 @@ class _BackendWrapper(c10d.ProcessGroup):
         ]
         return self._wrap(works, [o for outs in output_lists for o in outs], timeout)
 
+    @seen_by_dispatch_modes
     @_outside_autograd
     def _allgather_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> _WorkWrapper:
         return self.all_gather_single(output, input, opts)
 
+    @seen_by_dispatch_modes
     def all_gather_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> _WorkWrapper:
@@ -388,6 +406,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         work = self._comm.all_gather_single(output, input, self._async(opts), timeout=timeout)
         return self._wrap([work], [output], timeout)
 
+    @seen_by_dispatch_modes
     @_outside_autograd
     def allgather_into_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
@@ -417,6 +436,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         root = opts.rootRank
         return t, _single_list(lists) if self.rank() == root else [], root, opts
 
+    @seen_by_dispatch_modes
     def gather(
         self, output_lists: Any, inputs: Any, opts: Any = None, timeout: Any = None
     ) -> _WorkWrapper:
@@ -428,6 +448,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         work = self._comm.gather(outputs, t, root, self._async(opts), timeout=timeout)
         return self._wrap([work], outputs, timeout)
 
+    @seen_by_dispatch_modes
     def scatter(
         self, outputs: Any, input_lists: Any, opts: Any = None, timeout: Any = None
     ) -> _WorkWrapper:
@@ -439,6 +460,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         work = self._comm.scatter(t, inputs, root, self._async(opts), timeout=timeout)
         return self._wrap([work], [t], timeout)
 
+    @seen_by_dispatch_modes
     @_outside_autograd
     def reduce_scatter(
         self, outputs: Any, input_lists: Any, opts: Any = None, op: Any = None, timeout: Any = None
@@ -456,12 +478,14 @@ class _BackendWrapper(c10d.ProcessGroup):
         )
         return self._wrap([work], [t], timeout)
 
+    @seen_by_dispatch_modes
     @_outside_autograd
     def _reduce_scatter_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> _WorkWrapper:
         return self.reduce_scatter_single(output, input, opts)
 
+    @seen_by_dispatch_modes
     @_outside_autograd
     def reduce_scatter_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
@@ -473,6 +497,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         )
         return self._wrap([work], [output], timeout)
 
+    @seen_by_dispatch_modes
     @_outside_autograd
     def reduce_scatter_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
@@ -488,6 +513,7 @@ class _BackendWrapper(c10d.ProcessGroup):
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
+    @seen_by_dispatch_modes
     @_outside_autograd
     def alltoall_base(
         self,
@@ -512,6 +538,7 @@ class _BackendWrapper(c10d.ProcessGroup):
 
     all_to_all_single = alltoall_base
 
+    @seen_by_dispatch_modes
     @_outside_autograd
     def alltoall(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
@@ -523,6 +550,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         )
         return self._wrap([work], list(outputs), timeout)
 
+    @seen_by_dispatch_modes
     def barrier(self, opts: Any = None, timeout: Any = None) -> _WorkWrapper:
         opts = _options(c10d.BarrierOptions, opts, timeout)
         timeout = self._timeout(opts)
@@ -538,6 +566,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         monitored_barrier(self._comm, timeout or self._default_timeout, wait_all_ranks)
 
     # -- point-to-point ------------------------------------------------------------------
+    @seen_by_dispatch_modes
     def send(self, tensors: Any, dst: int, tag: int = 0) -> _WorkWrapper:
         t = _single(tensors, "send")
         if self._coalesced_batch is not None:
@@ -546,6 +575,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         work = self._comm.send(t, dst, True, hints=_tag(tag), timeout=self._default_timeout)
         return self._wrap([work], [t], self._default_timeout)
 
+    @seen_by_dispatch_modes
     def recv(self, tensors: Any, src: int, tag: int = 0) -> _WorkWrapper:
         t = _single(tensors, "recv")
         if self._coalesced_batch is not None:
