@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from tests.harness import RankContext, run_ranks
+from tests.harness import SRC_DIR, RankContext, run_ranks, timeout_scale
 
 pytestmark = pytest.mark.skipif(
     not hasattr(torch._C._distributed_c10d, "ReconfigureOptions"),
@@ -96,3 +96,30 @@ def test_a_switch_group_reconfigures_to_two_and_back_through_c10d_alone() -> Non
             assert seen["pair"] == (rank, 2, [3.0] * 5), (rank, seen)
         else:
             assert "pair" not in seen, seen
+
+
+def test_torchfts_own_native_group_resize_runs_on_the_bridge() -> None:
+    """torchft's own test of a native c10d group (``reconfigure_test.py``, as the installed
+    torchft ships it): three spawned workers ``init_process_group("gloo",
+    enable_reconfigure=True)``, resize 3 -> 2 -> 3 through ``reconfigure_with_store``, abort and
+    recover; here under the switch, so the group is ours."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    spec = importlib.util.find_spec("torchft.reconfigure_test")
+    if spec is None or spec.origin is None:
+        pytest.skip("torchft (with its reconfigure_test.py) is not installed")
+    env = dict(os.environ, TORCH_DISTRIBUTED_USE_TORCHCOMMS="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [SRC_DIR, env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", spec.origin,
+         "-k", "resize_and_recover and gloo"],
+        env=env, capture_output=True, text=True, timeout=180 * timeout_scale(),
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "1 passed" in out, out[-2000:]
+    # every worker's group went through our bridge
+    assert out.count("Using TorchComms backend") == 3, out[-4000:]
