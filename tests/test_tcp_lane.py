@@ -157,6 +157,74 @@ def test_a_peer_that_dies_without_a_word_is_seen_as_gone(tmp_path: Any) -> None:
         assert f.read() == "1 None"
 
 
+def _reset_while_receiving(ctx: RankContext) -> dict[str, Any]:
+    """Rank 1 resets (RST) the connection rank 0 sends on, while rank 0 waits to receive on
+    the other one: rank 0 must see it at once, with the cause, not at its deadline."""
+    lane = _connect(ctx)
+    rows = memoryview(bytearray(2 * CAP))
+    lengths = [1, 1]
+    lane.all_gather(rows, CAP, lengths, lambda: None)
+    ctx.store.set(f"synced{ctx.rank}", "1")
+    ctx.store.wait(["synced0", "synced1"])
+    if ctx.rank == 1:
+        time.sleep(0.3)  # rank 0 is in its wait by now
+        inbox = lane.ring_round().inbox.sock  # rank 0's out, seen from here
+        inbox.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        inbox.close()
+        ctx.store.wait(["seen0"])  # alive until rank 0 reported: a reset, not a death
+        return {}
+    start = time.monotonic()
+    slices = 0
+
+    def between() -> None:
+        nonlocal slices
+        slices += 1
+        if slices > 200:  # 10 s: the reset was never seen
+            raise TimeoutError("the reset was not seen")
+
+    try:
+        lane.all_gather(rows, CAP, lengths, between)
+    except tcp_lane.LanePeerGone as gone:
+        return {"peer": gone.peer, "said": gone.said, "cause": gone.cause,
+                "s": time.monotonic() - start}  # fmt: skip
+    finally:
+        ctx.store.set("seen0", "1")
+    return {"peer": None}
+
+
+def test_a_reset_of_the_sending_connection_is_seen_while_receiving() -> None:
+    seen = run_ranks(_reset_while_receiving, 2, timeout=30.0)[0]
+    assert seen["peer"] == 1 and seen["said"] is None, seen
+    assert seen["cause"].startswith("ECONNRESET"), seen
+    assert seen["s"] < 2.0, seen  # the first poll after the reset, not a deadline
+
+
+def test_data_sockets_carry_keepalive_and_a_user_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchcomms import config
+    from torchcomms.transport.tcp.sockets import data_socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    with listener, socket.create_connection(listener.getsockname()) as sock:
+        monkeypatch.setenv("TORCHCOMM_TCP_USER_TIMEOUT_S", "7.5")
+        monkeypatch.setenv("TORCHCOMM_TCP_KEEPALIVE_S", "10")
+        data_socket(sock)
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 7500
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 10
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 2
+    monkeypatch.delenv("TORCHCOMM_TCP_USER_TIMEOUT_S")
+    monkeypatch.delenv("TORCHCOMM_TCP_KEEPALIVE_S")
+    assert (config.tcp_user_timeout_s(), config.tcp_keepalive_s()) == (30.0, 5.0)
+    for name in ("TORCHCOMM_TCP_USER_TIMEOUT_S", "TORCHCOMM_TCP_KEEPALIVE_S"):
+        for bad, why in (("soon", "expected seconds"), ("-1", "must be >= 0")):
+            monkeypatch.setenv(name, bad)
+            with pytest.raises(ValueError, match=f"{name}: {bad!r} \\({why}"):
+                (config.tcp_user_timeout_s if "USER" in name else config.tcp_keepalive_s)()
+        monkeypatch.setenv(name, "0")  # off: the kernel's own behaviour
+        assert (config.tcp_user_timeout_s if "USER" in name else config.tcp_keepalive_s)() == 0
+
+
 def _oversize(ctx: RankContext) -> str:
     lane = _connect(ctx)
     rows = memoryview(bytearray(2 * 4 * CAP))

@@ -360,6 +360,34 @@ def liveness_period_s() -> float:
     return raw / 1000.0
 
 
+def _seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(
+            f"Invalid value for environment variable {name}: {raw!r} (expected seconds, >= 0)"
+        ) from None
+    if value < 0:
+        raise ValueError(f"Invalid value for environment variable {name}: {raw!r} (must be >= 0)")
+    return value
+
+
+def tcp_user_timeout_s() -> float:
+    """``TORCHCOMM_TCP_USER_TIMEOUT_S`` (default 30, 0: the kernel's own, ~15 min): how long
+    sent bytes of a data connection may stay unacknowledged before the kernel gives the
+    connection up, and the op fails naming the peer."""
+    return _seconds("TORCHCOMM_TCP_USER_TIMEOUT_S", 30.0)
+
+
+def tcp_keepalive_s() -> float:
+    """``TORCHCOMM_TCP_KEEPALIVE_S`` (default 5, 0: off): after how long idle a data
+    connection is probed, so a peer end that vanished without FIN or RST is found."""
+    return _seconds("TORCHCOMM_TCP_KEEPALIVE_S", 5.0)
+
+
 # -- torch.compile (torchcomms.functional) -------------------------------------------------------
 def _flag_on(name: str) -> bool:
     """A switch read at import time: only 1/true/yes/y turn it on (anything else is off).

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.chaos.net_faults import logs as _logs
 from tests.harness import free_port, timeout_scale
 from tests.test_shm_hier import (
     NETNS_ADDRS,
@@ -94,14 +95,6 @@ def _run_trial(
 def _veth(ns: str) -> str:
     out = _ip("-n", ns, "-o", "link", "show", "type", "veth").stdout
     return out.split(":")[1].strip().split("@")[0]
-
-
-def _logs(procs: list[subprocess.Popen[str]]) -> str:
-    texts = []
-    for i, p in enumerate(procs):
-        if p.poll() is not None and p.stdout is not None:
-            texts.append(f"--- rank {i} (exit {p.returncode}):\n{p.stdout.read()[-3000:]}")
-    return "\n".join(texts) or "no rank has exited"
 
 
 @pytest.mark.netns

@@ -32,6 +32,8 @@ Threads: one op at a time per communicator runs ``all_gather`` (the op's thread)
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import select
 import socket
 import struct
@@ -52,12 +54,32 @@ _BAD = select.POLLERR | select.POLLHUP | select.POLLNVAL
 
 
 class LanePeerGone(Exception):
-    """A peer's connection ended: ``said`` is its goodbye (``BYE``, ``FAILED …``) or None."""
+    """A peer's connection ended: ``said`` is its goodbye (``BYE``, ``FAILED …``) or None;
+    ``cause`` what the socket raised when the connection broke (a reset, the kernel giving
+    it up), None when it simply ended."""
 
-    def __init__(self, peer: int, said: str | None) -> None:
-        super().__init__(f"rank {peer}: {said or 'connection ended without a goodbye'}")
+    def __init__(self, peer: int, said: str | None, cause: str | None = None) -> None:
+        ended = said or (f"connection broke ({cause})" if cause else "connection ended")
+        super().__init__(f"rank {peer}: {ended}")
         self.peer = peer
         self.said = said
+        self.cause = cause
+
+
+def broken(exc: OSError) -> str:
+    """What a socket's error says, for a message: ``ETIMEDOUT (Connection timed out)``."""
+    name = errno.errorcode.get(exc.errno or 0, "")
+    text = exc.strerror or str(exc)
+    return f"{name} ({text})" if name else text
+
+
+def socket_error(sock: socket.socket) -> str:
+    """The pending error of a socket ``poll`` reported as broken."""
+    try:
+        code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    except OSError:  # closed meanwhile
+        code = 0
+    return broken(OSError(code, os.strerror(code))) if code else "the connection was closed"
 
 
 class LaneProtocolError(RuntimeError):
@@ -87,7 +109,7 @@ def rounds(rank: int, size: int) -> list[tuple[int, int]]:
 class _Inbox:
     """Bytes read from one connection and not consumed yet (one frame at a time)."""
 
-    __slots__ = ("_body", "buf", "end", "eof", "sock", "start", "view")
+    __slots__ = ("_body", "buf", "end", "eof", "error", "sock", "start", "view")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -96,6 +118,8 @@ class _Inbox:
         self.start = 0
         self.end = 0
         self.eof = False
+        #: What the socket raised when the connection broke (``broken``), or None.
+        self.error: str | None = None
         self._body = 0
 
     def fill(self) -> None:
@@ -106,8 +130,8 @@ class _Inbox:
             got = self.sock.recv_into(self.view[self.end :])
         except (BlockingIOError, InterruptedError):
             return
-        except OSError:
-            got = 0  # reset: the peer is gone
+        except OSError as exc:  # reset, or given up by the kernel: the connection is gone
+            self.error, got = broken(exc), 0
         if got == 0:
             self.eof = True
         self.end += got
@@ -141,7 +165,7 @@ class _Inbox:
             elif 4 + length > len(self.buf) - self.start:
                 self._make_room(4 + length)
         if self.eof:
-            raise LanePeerGone(peer, None)
+            raise LanePeerGone(peer, None, self.error)
         return None
 
     def consume(self) -> None:
@@ -166,8 +190,8 @@ class _Inbox:
             got = self.sock.recv_into(dst)
         except (BlockingIOError, InterruptedError):
             return 0
-        except OSError:
-            got = 0  # reset: the peer is gone
+        except OSError as exc:
+            self.error, got = broken(exc), 0
         if got == 0:
             self.eof = True
             return -1
@@ -175,9 +199,11 @@ class _Inbox:
 
 
 class LaneRound:
-    """One round's two connections: ``out`` to ``send_to``, ``inbox`` from ``recv_from``."""
+    """One round's two connections: ``out`` to ``send_to``, ``inbox`` from ``recv_from``.
+    ``out_failed``: why ``out`` broke, once that was left to the receive side to explain
+    (``out_error``); ``out`` is then no longer polled or sent on."""
 
-    __slots__ = ("inbox", "out", "poller", "recv_from", "send_to")
+    __slots__ = ("inbox", "out", "out_failed", "poller", "recv_from", "send_to")
 
     def __init__(self, send_to: int, recv_from: int, out: socket.socket, inp: socket.socket):
         self.send_to = send_to
@@ -186,6 +212,43 @@ class LaneRound:
         self.inbox = _Inbox(inp)
         self.poller = select.poll()
         self.poller.register(inp, _IN)
+        # ``out`` too, for no event but its errors (POLLERR/POLLHUP are always reported): a
+        # connection the kernel gave up or the peer's host reset shows while this rank waits
+        # to receive, not only at its next send (``transport.tcp.sockets``).
+        self.poller.register(out, 0)
+        self.out_failed: str | None = None
+
+    def wants_room(self, on: bool) -> None:
+        """Poll ``out`` for room to send (``on``) or for its errors alone."""
+        if self.out_failed is None:
+            self.poller.modify(self.out, select.POLLOUT if on else 0)
+
+
+#: Socket errors that mean this rank's own kernel gave the connection up (its bytes went
+#: unacknowledged for the user timeout, a keepalive went unanswered, no route): nobody else
+#: will explain it, so the op fails at once.
+GAVE_UP = ("ETIMEDOUT", "EHOSTUNREACH", "ENETUNREACH", "EHOSTDOWN", "ENETDOWN")
+
+
+def out_error(rd: LaneRound, cause: str) -> None:
+    """``rd.out`` broke (``poll`` said so, or a send raised ``cause``).  Raise now when this
+    rank's kernel gave it up, or when the same peer sends this round's inbox (a goodbye
+    waiting there is reported as what it is: an orderly end, a failure the peer explained).
+    Otherwise (a reset or closed end, n > 2) the receive side says who failed and why, as
+    the failure travels the lane: ``out`` is only set aside."""
+    if cause.startswith(GAVE_UP) or rd.recv_from == rd.send_to:
+        inbox = rd.inbox
+        inbox.fill()
+        try:
+            inbox.frame(rd.recv_from)  # a data frame is left where it is: the op fails anyway
+        except LanePeerGone as gone:
+            if gone.said is not None:
+                raise
+        raise LanePeerGone(rd.send_to, None, cause)
+    if rd.out_failed is None:
+        rd.out_failed = cause
+        with contextlib.suppress(KeyError, ValueError):
+            rd.poller.unregister(rd.out)
 
 
 class Lane:
@@ -239,7 +302,12 @@ class Lane:
                 parts.append(rows[b * cap : b * cap + length])
                 total += 4 + length
             parts[0] = pack(total)
-            unsent = _send(rd.out, parts, 4 + total)
+            unsent = None
+            if rd.out_failed is None:
+                try:
+                    unsent = _send(rd.out, parts, 4 + total)
+                except OSError as exc:
+                    out_error(rd, broken(exc))
             inbox = rd.inbox
             body = inbox.frame(rd.recv_from)
             if body is None:
@@ -249,16 +317,24 @@ class Lane:
                     body = self._spin(rd)
             while body is None or unsent is not None:
                 if unsent is not None:
-                    rd.poller.register(rd.out, select.POLLOUT)
+                    rd.wants_room(True)
                 events = rd.poller.poll(SLICE_MS)
                 if unsent is not None:
-                    rd.poller.unregister(rd.out)
+                    rd.wants_room(False)
                 if not events:
                     between()
                     continue
                 for fd, ev in events:
-                    if fd == rd.out.fileno() and unsent is not None:
-                        unsent = _send_rest(rd.out, unsent)
+                    if fd == rd.out.fileno():
+                        if ev & _BAD:
+                            out_error(rd, socket_error(rd.out))
+                        if unsent is not None and rd.out_failed is None:
+                            try:
+                                unsent = _send_rest(rd.out, unsent)
+                            except OSError as exc:
+                                out_error(rd, broken(exc))
+                        if rd.out_failed is not None:
+                            unsent = None  # set aside: the receive side explains
                     elif ev & (_IN | _BAD) and body is None:
                         inbox.fill()
                 if body is None:
@@ -341,13 +417,12 @@ def _sent_now(send: Callable[[Any], int], data: Any) -> int | None:
 
 def _send(sock: socket.socket, parts: list[bytes | memoryview], total: int) -> bytes | None:
     """Send without blocking; what did not fit, or None.  Every small op's path: the
-    non-blocking step is written out here (``_sent_now`` costs a call and a bound method)."""
+    non-blocking step is written out here (``_sent_now`` costs a call and a bound method).
+    A broken connection raises its ``OSError``: the op fails naming the peer at once."""
     try:
         sent = sock.sendmsg(parts)
     except (BlockingIOError, InterruptedError):
         sent = 0
-    except OSError:
-        return None  # the peer is gone; its end of the exchange will say so
     if sent == total:
         return None
     return b"".join(bytes(p) for p in parts)[sent:]
@@ -376,8 +451,12 @@ def send_some(
 
 
 def _send_rest(sock: socket.socket, rest: bytes) -> bytes | None:
-    sent = _sent_now(sock.send, rest)
-    return None if sent is None else rest[sent:] or None
+    """What is left of ``rest`` after a non-blocking send; a broken connection raises."""
+    try:
+        sent = sock.send(rest)
+    except (BlockingIOError, InterruptedError):
+        sent = 0
+    return rest[sent:] or None
 
 
 # -- connecting ------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 
 from torchcomms.transport.tcp.lane import SLICE_MS, Lane, rounds
+from torchcomms.transport.tcp.sockets import data_socket
 
 #: The longest handshake line accepted (three listeners' host names fit many times over).
 LINE_MAX = 4096
@@ -142,7 +143,7 @@ class _Meeting:
             self.dialled.append(sock)
             self.answered.append(False)
             self.cards[self.plan[k][1]] = peer_card
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            data_socket(sock)
             sock.sendall(f"HI {theirs} {self.rank} {k} {self.card}\n".encode())
             sock.setblocking(False)
             out.append(sock)
@@ -189,7 +190,7 @@ class _Meeting:
             conn.close()  # not one of ours (a stray client, or it left): ignore it
             return True
         k, their_card = hello
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        data_socket(conn)
         self.cards[self.plan[k][0]] = their_card
         self.owed[k] = conn
         return True

@@ -44,7 +44,15 @@ import threading
 import time
 from collections.abc import Callable
 
-from torchcomms.transport.tcp.lane import SLICE_MS, LanePeerGone, LaneProtocolError, send_some
+from torchcomms.transport.tcp.lane import (
+    SLICE_MS,
+    LanePeerGone,
+    LaneProtocolError,
+    broken,
+    send_some,
+    socket_error,
+)
+from torchcomms.transport.tcp.sockets import data_socket
 from torchcomms.transport.tcp.wire import (
     GOODBYE,
     HEAD,
@@ -155,9 +163,9 @@ class P2P:
         if op.length:
             parts.append(op.view)
         left = send_some(out.sock, parts)
-        if left is None:  # the connection broke: the peer is gone
+        if left is None:  # the connection broke: the peer is gone, or the network broke it
             self._broken(op.peer, out)
-            op.error, op.done = LanePeerGone(op.peer, None), True
+            op.error, op.done = LanePeerGone(op.peer, None, socket_error(out.sock)), True
             return True
         if not left:
             op.done = True
@@ -186,7 +194,7 @@ class P2P:
     def _dial(self, peer: int) -> socket.socket:
         host, port, theirs = self._address_of(peer)
         sock = socket.create_connection((host, port), timeout=10.0)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        data_socket(sock)
         sock.sendall(f"HI {theirs} {self.rank}\n".encode())
         sock.setblocking(False)
         return sock
@@ -346,7 +354,7 @@ class P2P:
 
     def _broken(self, peer: int, out: OutConn) -> None:
         """Sending to ``peer`` failed: fail every send queued for it."""
-        gone = LanePeerGone(peer, None)
+        gone = LanePeerGone(peer, None, socket_error(out.sock))
         with self._lock:
             for op in out.queue:
                 op.error, op.done = gone, True
@@ -366,7 +374,7 @@ class P2P:
             if peer is None:
                 conn.close()  # not one of ours
                 continue
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            data_socket(conn)
             conn.setblocking(False)
             self._ins[conn.fileno()] = InConn(conn, peer)
             self._readable.register(conn, _IN)
@@ -414,8 +422,8 @@ class P2P:
             n = conn.sock.recv_into(into)
         except (BlockingIOError, InterruptedError):
             return 0
-        except OSError:
-            n = 0
+        except OSError as exc:
+            conn.error, n = broken(exc), 0
         if n == 0:
             self._lost(conn)
             return -1
@@ -523,7 +531,7 @@ class P2P:
         conn.eof = True
         with contextlib.suppress(KeyError, ValueError):
             self._readable.unregister(conn.sock)
-        gone = LanePeerGone(conn.peer, conn.said)
+        gone = LanePeerGone(conn.peer, conn.said, conn.error)
         with self._lock:
             self._gone[conn.peer] = gone
             posted = self._posted.pop(conn.peer, None) or ()

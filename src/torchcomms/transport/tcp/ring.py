@@ -45,7 +45,9 @@ from torchcomms.transport.tcp.lane import (
     LanePeerGone,
     LaneProtocolError,
     LaneRound,
+    out_error,
     send_some,
+    socket_error,
 )
 
 _PREFIX = struct.Struct("<II")
@@ -207,17 +209,22 @@ class Ring:
         idle_since = 0.0
         while True:
             moved = False
+            if parts and rd.out_failed is not None:
+                parts = []  # set aside (``lane.out_error``): the receive side explains
             if parts:
                 left = send_some(rd.out, parts)
+                if left is None:  # broken: now, or by what the receive side learns
+                    out_error(rd, socket_error(rd.out))
+                    left = []
                 moved = left is not parts
-                parts = left or []  # broken (None) counts as sent: the receive side says who
+                parts = left
             while stage != 3:
                 if got < len(target):
                     if idle_since and inbox.start == inbox.end and not rd.poller.poll(0):
                         break  # spinning: ask ``poll`` (0.7 us), not a failing ``recv`` (3 us)
                     n = inbox.read_into(target[got:])
                     if n < 0:
-                        raise LanePeerGone(peer, None)
+                        raise LanePeerGone(peer, None, inbox.error)
                     if n == 0:
                         break
                     got += n
@@ -257,12 +264,16 @@ class Ring:
                 events = self._out_poller(rd).poll(SLICE_MS)
             else:
                 if parts:
-                    rd.poller.register(rd.out, select.POLLOUT)
+                    rd.wants_room(True)
                 events = rd.poller.poll(SLICE_MS)
                 if parts:
-                    rd.poller.unregister(rd.out)
+                    rd.wants_room(False)
             if not events:
                 between()
+            out_fd = rd.out.fileno()
+            for fd, ev in events:
+                if fd == out_fd and ev & (select.POLLERR | select.POLLHUP):
+                    out_error(rd, socket_error(rd.out))
 
     def _out_poller(self, rd: LaneRound) -> select.poll:
         if self._sending is None:

@@ -60,6 +60,7 @@ class InConn:
         "buf",
         "end",
         "eof",
+        "error",
         "got",
         "into",
         "mv",
@@ -84,6 +85,8 @@ class InConn:
         self.tag = 0
         self.eof = False
         self.said: str | None = None
+        #: What the socket raised when the connection broke, or None (it simply ended).
+        self.error: str | None = None
 
 
 def hello(conn: socket.socket, token: str) -> int | None:

@@ -92,6 +92,7 @@ class Liveness:
         self.size = len(peers)
         self._period_s = period_s
         me = peers[rank][0]
+        self._hosts = [host for host, _ in peers]
         self._local = [(r, pid) for r, (host, pid) in enumerate(peers) if r != rank and host == me]
         self._pids = {r: pid for r, (host, pid) in enumerate(peers) if host == me}
         #: The collective this rank entered last (written by the op thread).
@@ -151,8 +152,13 @@ class Liveness:
     def answers(self, rank: int) -> bool:
         """Whether ``rank``, on another host, is shown alive by its listener (failure path
         only: a probe, bounded by about a second; False when it cannot tell)."""
+        return self.probe_peer(rank) is True
+
+    def probe_peer(self, rank: int) -> bool | None:
+        """``rank``'s listener, on another host, asked (``cpu.tcp.probe``): True alive,
+        False gone, None unreachable or not asked (failure path only, about a second)."""
         if not self._ring.link or rank in self._pids:
-            return False
+            return None
         ring = self._ring
 
         def ask() -> bool | None:
@@ -160,7 +166,7 @@ class Liveness:
             return None if address is None else probe(address)
 
         # The store's host may be behind a cut link: never wait on it for long.
-        return bool(within(_STORE_READ_S, ask, "probe"))
+        return within(_STORE_READ_S, ask, "probe")
 
     def check_pids(self) -> tuple[int, ...]:
         """Refresh and return ``dead`` from the local peers' pids."""
@@ -180,6 +186,10 @@ class Liveness:
         self.verdict = self.census.missing(seq)
         among = set(range(self.size) if ranks is None else ranks) - {self.rank}
         return sorted(self.verdict.missing() & among)
+
+    def host_of(self, rank: int) -> str:
+        """The host identity ``rank`` gave at connect (for messages)."""
+        return self._hosts[rank]
 
     def elsewhere(self) -> list[int]:
         """The members on other hosts than this rank's."""

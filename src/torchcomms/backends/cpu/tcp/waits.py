@@ -175,22 +175,43 @@ class TransportWaiter:
             return WaitError("peer_failed", [peer], f"peer rank {peer} {verb} (in {what})")
         lv = self.liveness
         remote = lv is not None and peer in lv.elsewhere()
+        where = f" on host {lv.host_of(peer)}" if lv is not None and remote else ""
+        if exc.cause is not None and _network_gave_up(exc.cause):
+            # This rank's kernel gave the connection up (its bytes went unacknowledged for
+            # the user timeout, or no route): the network broke it, not a death.
+            return WaitError(
+                "peer_failed",
+                [peer],
+                f"the connection to peer rank {peer}{where} broke while this rank waited in "
+                f"{what}: {exc.cause}; the network between the hosts dropped it (the peer's "
+                "process may still run: it fails its op naming this rank)",
+            )
         # A local peer's death shows in its pid within moments; a remote one's never does,
         # but its listener answers while it lives (``cpu.tcp.probe``).
         dead = self._dead_soon(0.0 if remote else ATTRIBUTION_S)
         if dead:
             return _died(dead, what)
-        if remote and not (lv is not None and lv.answers(peer)):
+        how = f" ({exc.cause})" if exc.cause else ""
+        alive = lv.probe_peer(peer) if lv is not None and remote else None
+        if remote and alive is False:
             return WaitError(
                 "dead",
                 [peer],
                 f"{ranks_text([peer])} died (process gone): its connection ended without a "
                 f"goodbye while this rank waited in {what}",
             )
+        if remote and alive is None:  # neither seen alive nor gone: the way there is cut
+            return WaitError(
+                "peer_failed",
+                [peer],
+                f"the connection to peer rank {peer}{where} ended{how} while this rank waited "
+                f"in {what}, and its host cannot be reached: the network between the hosts "
+                "is down, or the host is",
+            )
         return WaitError(
             "peer_failed",
             [peer],
-            f"peer rank {peer} closed its connection while this rank waited in {what}",
+            f"peer rank {peer}{where} closed its connection{how} while this rank waited in {what}",
         )
 
     def _explained(self, exc: RuntimeError, what: str) -> RuntimeError:
@@ -271,6 +292,15 @@ class TransportWaiter:
 def _died(dead: Sequence[int], what: str, detail: str = "") -> WaitError:
     text = f"{ranks_text(dead)} died (process gone) while this rank waited in {what}"
     return WaitError("dead", dead, f"{text} {detail}" if detail else text)
+
+
+#: Socket errors that mean this rank's own kernel gave a connection up (the network, not
+#: the peer's process): a user timeout or a keepalive that went unanswered, no route.
+_GAVE_UP = ("ETIMEDOUT", "EHOSTUNREACH", "ENETUNREACH", "EHOSTDOWN", "ENETDOWN")
+
+
+def _network_gave_up(cause: str) -> bool:
+    return cause.startswith(_GAVE_UP)
 
 
 def _broken(text: str) -> bool:
