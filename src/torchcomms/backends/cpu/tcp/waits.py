@@ -29,7 +29,7 @@ from torchcomms.deadline import Deadline
 from torchcomms.fingerprint import Fingerprint
 from torchcomms.ranks import ranks_text
 from torchcomms.transport.errors import WaitError
-from torchcomms.transport.tcp.lane import Lane, LanePeerGone
+from torchcomms.transport.tcp.lane import GAVE_UP, Lane, LanePeerGone
 
 #: One wait slice: how soon a waiting op sees a dead peer, an abort or its deadline.
 SLICE = timedelta(milliseconds=50)
@@ -294,13 +294,9 @@ def _died(dead: Sequence[int], what: str, detail: str = "") -> WaitError:
     return WaitError("dead", dead, f"{text} {detail}" if detail else text)
 
 
-#: Socket errors that mean this rank's own kernel gave a connection up (the network, not
-#: the peer's process): a user timeout or a keepalive that went unanswered, no route.
-_GAVE_UP = ("ETIMEDOUT", "EHOSTUNREACH", "ENETUNREACH", "EHOSTDOWN", "ENETDOWN")
-
-
 def _network_gave_up(cause: str) -> bool:
-    return cause.startswith(_GAVE_UP)
+    """Whether this rank's own kernel gave the connection up (``lane.GAVE_UP``)."""
+    return cause.startswith(GAVE_UP)
 
 
 def _broken(text: str) -> bool:
