@@ -1,11 +1,14 @@
 """``_BackendWrapper``: a ``torch.distributed`` process group that runs on a ``TorchComm``.
 
-PyTorch 2.13 (``TORCH_DISTRIBUTED_USE_TORCHCOMMS=1``) builds each process group with
-``new_comm(...)`` and wraps the comm with ``_BackendWrapper(comm)``.  ``c10d.Backend`` cannot
-be subclassed from Python in 2.13, so the wrapper subclasses ``c10d.ProcessGroup``; PyTorch
-then uses the wrapper as the process group itself, and every c10d call (the Python API,
-DDP's reducer, FSDP2, DTensor's functional collectives through the C++ dispatcher) lands on
-a method below that maps it to the comm (reference §8.1).
+PyTorch 2.13-2.15 (``TORCH_DISTRIBUTED_USE_TORCHCOMMS=1``) build each process group with
+``new_comm(...)`` and wrap the comm with ``_BackendWrapper(comm)``.  ``c10d.Backend`` cannot
+be subclassed from Python in 2.13, so the wrapper subclasses ``c10d.ProcessGroup`` on every
+release; PyTorch then uses the wrapper as the process group itself, and every c10d call (the
+Python API, DDP's reducer, FSDP2, DTensor's functional collectives through the C++
+dispatcher) lands on a method below that maps it to the comm (reference §8.1).  On 2.14+
+the wrapper also answers c10d's native reconfigure (``dist._reconfigure``), and while a
+dispatch mode watches (``CommDebugMode``) its calls go through the dispatcher
+(``_c10d.dispatch``).
 
 Modules: this one holds the process group (and its ``options``); ``_c10d.work`` the c10d
 ``Work`` it returns (``_WorkWrapper``), ``_c10d.args`` the conversions from c10d's calling
