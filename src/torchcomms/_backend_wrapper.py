@@ -48,7 +48,12 @@ from torchcomms._c10d.args import (
     _single_list,
     _tag,
 )
-from torchcomms._c10d.dispatch import seen_by_dispatch_modes, twin
+from torchcomms._c10d.dispatch import (
+    hosts_python_backends,
+    seen_by_dispatch_modes,
+    shown_twin,
+    twin,
+)
 from torchcomms._c10d.work import _WorkWrapper
 from torchcomms.comm import BatchSendRecv, TorchComm
 from torchcomms.work import TorchWork
@@ -152,7 +157,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         watches (``_c10d.dispatch``); rebuilt when reconfigure changed rank or size."""
         key = (self.rank(), self.size())
         if self._twin is None or self._twin[0] != key:
-            self._twin = (key, twin(self))
+            self._twin = (key, twin(self) if hosts_python_backends() else shown_twin(self))
         return self._twin[1]
 
     # -- rank and size: live, since reconfigure changes them ---------------------------------

@@ -4,16 +4,21 @@ On a C++ process group, ``pg.allreduce(...)`` goes through the dispatcher (``c10
 where a ``TorchDispatchMode`` such as ``torch.distributed.tensor.debug.CommDebugMode`` sees and
 counts it.  Our ``_BackendWrapper`` is a Python ``ProcessGroup``: its methods run directly, so
 a mode sees nothing.  While a dispatch mode is active (and only then: the dispatcher's round
-trip is not free), each c10d call is therefore re-issued on a *twin*: a plain C++
-``ProcessGroup`` whose CPU backend is a Python ``Backend`` (``_Forwarder``) that hands the call,
-as the dispatcher's kernel makes it, back to the wrapper's own method.  The mode sees the op,
-then our code runs it, exactly once.
+trip is not free), each c10d call is therefore also issued through the dispatcher, on a
+*twin*: a plain C++ ``ProcessGroup`` of the same rank and size.  Which twin depends on what
+the release can do (``hosts_python_backends``):
 
-Needs a release whose ``c10d.Backend`` can be subclassed from Python (2.14+); on 2.13 the calls
-run directly, as before, and only functional collectives are seen (``hosts_python_backends``).
+* 2.14+: the twin's CPU backend is a Python ``Backend`` (``_Forwarder``) that hands the call,
+  as the dispatcher's kernel makes it, back to the wrapper's own method: the mode sees the op
+  on the real tensors, then our code runs it, exactly once;
+* 2.13, whose ``Backend`` Python cannot subclass: the twin's backend is c10d's own
+  ``FakeProcessGroup``, which moves nothing.  The call is shown to the mode there first, on
+  scratch tensors of the same shapes and dtypes (so no fake result can touch the user's
+  tensors), then runs on the communicator.  The mode counts the same ops; it does not see the
+  real tensors' values.
 
 Threads: the call and its re-entry run on the calling thread; a thread-local marks the
-re-entry, so the wrapper's own nested calls (a staged all_gather) are never re-issued.
+re-entry, so the wrapper's own nested calls (a staged all_gather) are never issued twice.
 """
 
 from __future__ import annotations
@@ -96,19 +101,45 @@ def twin(group: Any) -> c10d.ProcessGroup:
     return plain
 
 
+def shown_twin(group: Any) -> c10d.ProcessGroup:
+    """2.13's twin: a plain ``ProcessGroup`` over c10d's ``FakeProcessGroup`` (moves nothing)."""
+    rank, size = max(group.rank(), 0), max(group.size(), 1)
+    plain = c10d.ProcessGroup(rank, size)  # type: ignore[call-arg]
+    kind = c10d.ProcessGroup.BackendType.CUSTOM
+    plain._register_backend(
+        torch.device("cpu"), kind, c10d.FakeProcessGroup._create_internal(rank, size)
+    )
+    plain._set_default_backend(kind)
+    plain._set_group_name(group.group_name)
+    return plain
+
+
+def _scratch(value: Any) -> Any:
+    """``value`` with every tensor replaced by an uninitialised one of its shape and dtype."""
+    from torch.utils import _pytree  # at call time: never while torch.distributed imports us
+
+    return _pytree.tree_map(
+        lambda x: torch.empty_like(x) if isinstance(x, torch.Tensor) else x, value
+    )
+
+
 def seen_by_dispatch_modes(method: _F) -> _F:
-    """Re-issue ``method`` through a twin while a dispatch mode is active (module docstring)."""
+    """Issue ``method`` through a twin too while a dispatch mode is active (module docstring)."""
     name = method.__name__
 
     @functools.wraps(method)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if (
-            torch._C._len_torch_dispatch_stack() == 0
-            or getattr(_reentry, "depth", 0) > 0
-            or not hosts_python_backends()
-        ):
+        if torch._C._len_torch_dispatch_stack() == 0 or getattr(_reentry, "depth", 0) > 0:
             return method(self, *args, **kwargs)
-        return getattr(self._dispatch_twin(), name)(*args, **kwargs)
+        if hosts_python_backends():
+            return getattr(self._dispatch_twin(), name)(*args, **kwargs)
+        shown_args, shown_kwargs = _scratch((args, kwargs))
+        _reentry.depth = getattr(_reentry, "depth", 0) + 1
+        try:
+            getattr(self._dispatch_twin(), name)(*shown_args, **shown_kwargs)
+        finally:
+            _reentry.depth -= 1
+        return method(self, *args, **kwargs)
 
     run._seen_by_dispatch_modes = True  # type: ignore[attr-defined]
     return cast(_F, run)
