@@ -2,11 +2,12 @@
 
 Real processes over real sockets (``TORCHCOMM_TRANSPORT=tcp``), past the inline limit:
 
-* all_reduce, reduce_scatter, all_gather and broadcast at worlds 2-4, with element
+* all_reduce, reduce_scatter, all_gather, broadcast and all_to_all at worlds 2-4, with element
   counts that do not split evenly, every reduce op and several dtypes, compared bit for
   bit with a locally computed oracle (integer-valued data, so float sums are exact);
   broadcast from every root, through segments when there are ranks in the middle;
-  all_gather whose input is its own slot of the output.
+  all_gather whose input is its own slot of the output; all_to_all (one exchange on the
+  lane at two ranks) in place on one rank only.
 * The result is the same bits on every rank (float data with rounding).
 * A rank SIGKILLed inside a ring all_reduce is named by every survivor.
 """
@@ -94,6 +95,17 @@ def _ring_ops(ctx: RankContext) -> dict[str, int]:
         comm.broadcast(big, root, False)
         assert torch.equal(big, _data(root, 1 << 18, torch.float32)), root
         checked += 1
+    # all_to_all (two ranks: one exchange on the lane), out of place, then in place on rank
+    # 0 only (the ranks must still take one path)
+    src = torch.cat([_data(r * n + d, COUNT, torch.int64) for d in range(n)])
+    want = torch.cat([_data(q * n + r, COUNT, torch.int64) for q in range(n)])
+    out = torch.zeros_like(src)
+    comm.all_to_all_single(out, src, False)
+    assert torch.equal(out, want)
+    buf = src.clone()
+    comm.all_to_all_single(buf if r == 0 else out.zero_(), buf, False)
+    assert torch.equal(buf if r == 0 else out, want)
+    checked += 2
     # async, several in flight
     works, tensors = [], []
     for i in range(3):

@@ -65,6 +65,9 @@ def _cases() -> list[tuple[str, str, str, int, str, int]]:
                 for world in (3, 4):
                     position = "before" if fault == "mismatch" else "during"
                     cases.append((fault, op, placement, world, position, matrix.LARGE))
+        # two ranks' large all_to_all: one exchange on the lane (``RingOps.all_to_all_pair``)
+        position = "before" if fault == "mismatch" else "during"
+        cases.append((fault, "all_to_all", "tcp", 2, position, matrix.LARGE))
     return cases
 
 

@@ -12,6 +12,9 @@ difference is announced around the ring and made whole by ``cpu.tcp.mismatch``.
   caller's).
 * all_gather: the all-gather half, straight into the output; this rank's own chunk is
   sent from the input and copied into place after the peer's header passed.
+* all_to_all of two ranks: one exchange, each rank's part for the other in the frame that
+  carries its header (no header round before it, as gloo's call needs); this rank's own
+  part is copied into place after the peer's header passed.
 * broadcast: a pipelined chain ``root -> root-1 -> … -> root+1`` (in segments when there
   are ranks in the middle), closed by an empty frame from ``root+1`` back to the root,
   so the root too learns of a rank that disagrees; with ranks in the middle, the root
@@ -86,7 +89,11 @@ class RingOps:
     def fits(self, tensor: torch.Tensor, chunks: int = 1) -> bool:
         """Whether an op on ``tensor`` (cut into ``chunks``) runs here."""
         nbytes = tensor.numel() * tensor.element_size()
-        return self.size > 1 and tensor.is_contiguous() and nbytes // chunks + 64 < _MAX_CHUNK
+        return tensor.is_contiguous() and self.fits_bytes(nbytes, chunks)
+
+    def fits_bytes(self, nbytes: int, chunks: int = 1) -> bool:
+        """Whether ``nbytes`` cut into ``chunks`` fit the ring's frames (the same on every rank)."""
+        return self.size > 1 and nbytes // chunks + 64 < _MAX_CHUNK
 
     # -- the ops -------------------------------------------------------------------------
     def all_reduce(
@@ -131,6 +138,24 @@ class RingOps:
         mine = flat[self.rank * n : (self.rank + 1) * n]
         if mine.data_ptr() != src.data_ptr():
             mine.copy_(src)
+
+    def all_to_all_pair(
+        self, out: torch.Tensor, src: torch.Tensor, fp: Fingerprint, deadline: Deadline
+    ) -> None:
+        """Two ranks, equal parts, ``out`` and ``src`` apart: send ``src``'s part for the peer
+        while the peer's part for this rank arrives in ``out``."""
+        header, check, between = self._enter(fp, "all_to_all", deadline)
+        n = src.numel() // 2
+        mine, theirs = self.rank * n, (1 - self.rank) * n
+        with self._lane_errors("all_to_all"):
+            self.ring.step(
+                as_bytes(src[theirs : theirs + n]),
+                as_bytes(out[theirs : theirs + n]),
+                header,
+                check,
+                between,
+            )
+        out[mine : mine + n].copy_(src[mine : mine + n])
 
     def broadcast(self, flat: torch.Tensor, root: int, fp: Fingerprint, deadline: Deadline) -> None:
         header, check, between = self._enter(fp, "broadcast", deadline)
