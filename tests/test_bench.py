@@ -90,6 +90,7 @@ def test_cli_flags_defaults_and_quick_mode() -> None:
     assert [op.name for op in s.ops] == ALL_OPS
     assert not s.vs_gloo and not s.fr_overhead and s.json_path is None and args.nproc is None
     assert args.affinity is None  # the environment's setting, else off
+    assert s.load == 0 and cli.parse_args(["--load", "2"])[1].load == 2
 
     argv = "-b 1K -e 64M -f 4 -n 7 -w 0 -c 0 --dtype int32 --redop max --root 1 --nproc 4"
     argv += " --op all_gather_single,all_reduce,all_reduce --vs gloo --json x.json --blocks 2"
@@ -123,6 +124,7 @@ def test_cli_flags_defaults_and_quick_mode() -> None:
         (["-c", "2"], "invalid choice: 2"),
         (["--timeout", "0"], "--timeout must be positive"),
         (["--affinity", "everywhere"], "invalid choice: 'everywhere'"),
+        (["--load", "-1"], "--load takes a number of processes >= 0 (got -1)"),
     ],
 )
 def test_cli_bad_arguments_exit_2(
@@ -149,6 +151,36 @@ def test_plot_without_matplotlib_is_a_clear_error(
 
     with pytest.raises(RuntimeError, match="plotting needs matplotlib"):
         plot.plot({"results": []}, "x.png")
+
+
+def _cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def test_load_keeps_cores_busy_and_ends_with_its_starter() -> None:
+    """``--load``'s processes spin, stop when told, and end by themselves when the process
+    that started them (rank 0) is gone without telling them."""
+    from torchcomms.bench.env import Load
+
+    load = Load(2)
+    pids = load.pids()
+    try:
+        before = [_cpu_ticks(pid) for pid in pids]
+        time.sleep(0.5)
+        assert all(_cpu_ticks(pid) - b >= 10 for pid, b in zip(pids, before, strict=True))
+    finally:
+        load.stop()
+    assert all(not os.path.exists(f"/proc/{pid}") for pid in pids)
+    code = "import os; from torchcomms.bench.env import Load; print(Load(1).pids()[0]); os._exit(0)"
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=60, env=dict(os.environ, PYTHONPATH=SRC_DIR))  # fmt: skip
+    orphan = int(child.stdout.split()[-1])
+    give_up = time.monotonic() + 5
+    while os.path.exists(f"/proc/{orphan}") and time.monotonic() < give_up:
+        time.sleep(0.02)
+    assert not os.path.exists(f"/proc/{orphan}"), "a spinner outlived the rank that started it"
 
 
 # -- formulas ------------------------------------------------------------------------------------

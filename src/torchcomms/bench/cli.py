@@ -95,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="pin local rank i to core i mod cores (TORCHCOMM_CPU_AFFINITY=spread); default: "
         "the environment's setting, else off",
     )
+    p.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N processes that keep a core busy each beside the ranks, as in training "
+        "(default 0: quiet cores)",
+    )
     p.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -113,6 +121,7 @@ _AS_GIVEN = (
     "quick",
     "json_path",
     "plot_path",
+    "load",
 )
 
 
@@ -133,6 +142,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, runner.Settings]:
         parser.error(str(exc))
     if not specs:
         parser.error("--op names no op")
+    if args.load < 0:
+        parser.error(f"--load takes a number of processes >= 0 (got {args.load})")
     if args.iters < 1:
         parser.error(f"-n must be >= 1 (got {args.iters})")
     if args.warmup < 0:

@@ -6,6 +6,8 @@ import datetime
 import os
 import platform
 import socket
+import subprocess
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +16,40 @@ import torch
 from torchcomms import config
 from torchcomms.bench import memprobe
 from torchcomms.transport import placement
+
+#: One core kept busy, until told or until the process that started it is gone (it checks
+#: its parent between a million-step loops, about every 30 ms).
+_SPIN = """
+import os, sys
+parent = int(sys.argv[1])
+while os.getppid() == parent:
+    for _ in range(1_000_000):
+        pass
+"""
+
+
+class Load:
+    """``--load N``: N processes that keep a core busy each, beside the ranks, as compute
+    and data loading do while a training job communicates.  Started by rank 0, whatever
+    launched the job; they end with ``stop`` or, should rank 0 die, by themselves."""
+
+    def __init__(self, n: int) -> None:
+        self._procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _SPIN, str(os.getpid())], stdin=subprocess.DEVNULL
+            )
+            for _ in range(n)
+        ]
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def stop(self) -> None:
+        for p in self._procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self._procs:
+            p.wait()
 
 
 def cpu_model() -> str:

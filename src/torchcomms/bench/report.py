@@ -100,6 +100,7 @@ class Printer:
             f"warmup {settings['warmup']}, check {settings['check']}, blocks {settings['blocks']}"
             + (", vs gloo" if self.vs_gloo else "")
             + (", vs mpi" if self.vs_mpi else "")
+            + (f", load {settings['load']} busy processes" if settings.get("load") else "")
         )
         self.line(
             f"# host {env['hostname']}: {env['cpu_model']}, {env['usable_cores']} usable cores "

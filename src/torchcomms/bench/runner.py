@@ -62,6 +62,8 @@ class Settings:
     json_path: str | None
     plot_path: str | None
     vs_mpi: bool = False
+    #: ``--load N``: busy processes beside the ranks (``env.Load``).
+    load: int = 0
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -80,6 +82,7 @@ class Settings:
             "blocks": self.blocks,
             "timeout_s": self.timeout_s,
             "quick": self.quick,
+            "load": self.load,
         }
 
 
@@ -379,6 +382,18 @@ def _run_rank(settings: Settings) -> int:
     torch.set_num_threads(1)  # one core per rank, the same for ours, gloo and the probe
     session = _open_session(settings)
     rank = session.rank
+    load = envmod.Load(settings.load) if rank == 0 and settings.load else None
+    try:
+        return _measure_and_report(settings, session, load)
+    finally:
+        if load is not None:
+            load.stop()
+
+
+def _measure_and_report(settings: Settings, session: _Session, load: envmod.Load | None) -> int:
+    rank = session.rank
+    if load is not None:
+        session.environment["load_pids"] = load.pids()
     mem = _memory_probe(session.comm, rank, session.size, settings.quick)
     printer = None
     if rank == 0:
