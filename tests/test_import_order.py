@@ -203,3 +203,32 @@ def test_every_name_this_release_imports_from_us_is_served_mid_import() -> None:
     for module, name, as_name in block:
         if (module, name) != ("torchcomms._backend_wrapper", "_BackendWrapper"):
             assert getattr(c10d, as_name) is getattr(importlib.import_module(module), name), as_name
+
+
+TIMEOUTS = textwrap.dedent(
+    """
+    import sys
+    from datetime import timedelta
+    import torchcomms  # noqa: F401
+    import torch.distributed as dist
+
+    seen = []
+    for given in (None, timedelta(seconds=33)):
+        kwargs = {} if given is None else {"timeout": given}
+        dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore(), **kwargs)
+        seen.append(dist.group.WORLD.get_comm().get_options().timeout.total_seconds())
+        dist.destroy_process_group()
+    sys.stdout.write(f"TIMEOUTS {seen[0]:g} {seen[1]:g}\\n")
+    """
+)
+
+
+def test_the_groups_timeout_reaches_the_comm_and_c10ds_default_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``init_process_group(timeout=...)`` reaches the communicator (``c10d_caller``); without
+    one, c10d's own default (30 min) is not taken for a choice: ``TORCHCOMM_TIMEOUT_SECONDS``
+    applies."""
+    monkeypatch.setenv("TORCHCOMM_TIMEOUT_SECONDS", "77")
+    line = next(line for line in _run(TIMEOUTS).splitlines() if line.startswith("TIMEOUTS"))
+    assert line == "TIMEOUTS 77 33", line

@@ -43,17 +43,13 @@ from torchcomms._c10d.args import (
     _even_splits,
     _is_reduce_op,
     _options,
+    _reconfigure_args,
     _reduce_op,
     _single,
     _single_list,
     _tag,
 )
-from torchcomms._c10d.dispatch import (
-    hosts_python_backends,
-    seen_by_dispatch_modes,
-    shown_twin,
-    twin,
-)
+from torchcomms._c10d.dispatch import seen_by_dispatch_modes
 from torchcomms._c10d.work import _WorkWrapper
 from torchcomms.comm import BatchSendRecv, TorchComm
 from torchcomms.work import TorchWork
@@ -111,6 +107,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         self._options = _BackendWrapperOptions(comm)
         self._options.group_name = self._group_name
         self._store: c10d.Store | None = None
+        #: ``(rank, size)`` and the C++ twin of ``_c10d.dispatch`` (built on first use).
         self._twin: tuple[tuple[int, int], c10d.ProcessGroup] | None = None
 
     # -- identity ------------------------------------------------------------------------
@@ -152,14 +149,6 @@ class _BackendWrapper(c10d.ProcessGroup):
     def supports_coalescing(self) -> bool:
         return True
 
-    def _dispatch_twin(self) -> c10d.ProcessGroup:
-        """The C++ group that takes our calls through the dispatcher while a dispatch mode
-        watches (``_c10d.dispatch``); rebuilt when reconfigure changed rank or size."""
-        key = (self.rank(), self.size())
-        if self._twin is None or self._twin[0] != key:
-            self._twin = (key, twin(self) if hosts_python_backends() else shown_twin(self))
-        return self._twin[1]
-
     # -- rank and size: live, since reconfigure changes them ---------------------------------
     def rank(self) -> int:
         """The comm's rank now (-1 before the first ``reconfigure`` of a deferred comm)."""
@@ -188,11 +177,8 @@ class _BackendWrapper(c10d.ProcessGroup):
         rank = position; a set: the backend orders them).  Blocks until the comm is ready with
         its new rank and size, which ``rank()``/``size()`` then report; the returned work is
         complete.  c10d's own rank maps of *sub*-groups are not rewritten (PyTorch keeps them)."""
-        handles = opts.handles
-        members: list[str] | set[str] = set(handles) if isinstance(handles, set) else list(handles)
-        timeout = getattr(opts, "timeout", None) or None
-        hints = {str(k): str(v) for k, v in dict(getattr(opts, "hints", None) or {}).items()}
-        work = self._comm.reconfigure(int(opts.uuid), members, timeout=timeout, hints=hints or None)
+        uuid, members, timeout, hints = _reconfigure_args(opts)
+        work = self._comm.reconfigure(uuid, members, timeout=timeout, hints=hints)
         self._coalescing = None
         self._coalesced_batch = None
         return self._wrap([work], [], timeout)

@@ -241,6 +241,18 @@ def stopped(ctx: RankContext, transport: str, timeout_s: float) -> dict[str, Any
 
 
 # -- multi-host trials in network namespaces (see test_netns) ------------------------------
+def env_store(rank: int, size: int, prefix: str) -> torch.distributed.TCPStore:
+    """The trial's store, at ``{prefix}_STORE_ADDR:{prefix}_STORE_PORT`` (rank 0 serves it)."""
+    return torch.distributed.TCPStore(
+        os.environ[f"{prefix}_STORE_ADDR"],
+        int(os.environ[f"{prefix}_STORE_PORT"]),
+        size,
+        is_master=rank == 0,
+        timeout=timedelta(seconds=60),
+        wait_for_workers=False,
+    )
+
+
 def netns_rank_main() -> None:
     """One rank of a netns trial, run as ``ip netns exec NS python -c ...``.
 
@@ -252,14 +264,7 @@ def netns_rank_main() -> None:
     rank = int(os.environ["TORCHCOMM_RANK"])
     size = int(os.environ["TORCHCOMM_SIZE"])
     out = Path(os.environ["CHAOS_OUT"])
-    store = torch.distributed.TCPStore(
-        os.environ["CHAOS_STORE_ADDR"],
-        int(os.environ["CHAOS_STORE_PORT"]),
-        size,
-        is_master=rank == 0,
-        timeout=timedelta(seconds=60),
-        wait_for_workers=False,
-    )
+    store = env_store(rank, size, "CHAOS")
     if os.environ.get("CHAOS_HIER_CHECKS") == "1":  # the healthy multi-host checks first
         from tests.test_shm_hier import netns_hier_checks
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from tests.chaos.faults import env_store
 from torchcomms import ReduceOp, new_comm
 
 FAULTS = ("local_drop", "blackhole", "blackhole_both", "link_down")
@@ -139,14 +140,7 @@ def rank_main() -> None:
     size = int(os.environ["TORCHCOMM_SIZE"])
     out = Path(os.environ["NF_OUT"])
     mode = os.environ["NF_MODE"]
-    store = torch.distributed.TCPStore(
-        os.environ["NF_STORE_ADDR"],
-        int(os.environ["NF_STORE_PORT"]),
-        size,
-        is_master=rank == 0,
-        timeout=timedelta(seconds=60),
-        wait_for_workers=False,
-    )
+    store = env_store(rank, size, "NF")
     want = float(size * (size + 1) // 2)
 
     def make(name: str) -> Any:

@@ -2,8 +2,8 @@
 
 Reduce ops (c10d's ``ReduceOp``, ``RedOpType`` and PREMUL_SUM, to ours and back), the
 c10d options objects built from the bindings' loose positional arguments, the one-tensor
-and one-list shapes of c10d's tensor arguments, even ``alltoall`` split sizes and the
-hints carrying a point-to-point tag.  Pure functions, run on the thread issuing the call.
+and one-list shapes of c10d's tensor arguments, even ``alltoall`` split sizes, the
+hints carrying a point-to-point tag, and ``ReconfigureOptions`` as reconfigure's arguments.  Pure functions, run on the thread issuing the call.
 
 Import rule (as ``_backend_wrapper``): PyTorch imports this while ``torch.distributed`` is
 half-initialised, so at module level only ``torch``, ``torch._C._distributed_c10d``, the
@@ -109,3 +109,15 @@ def _even_splits(t: torch.Tensor, n: int) -> list[int]:
     if rows % n:
         raise RuntimeError(f"alltoall_base: {rows} rows cannot be split evenly across {n} ranks")
     return [rows // n] * n
+
+
+def _reconfigure_args(
+    opts: Any,
+) -> tuple[int, list[str] | set[str], timedelta | None, dict[str, str] | None]:
+    """c10d's ``ReconfigureOptions`` as ``TorchComm.reconfigure``'s arguments: a list of
+    handles stays a list (rank = position), a set a set; no timeout or hints: None."""
+    handles = opts.handles
+    members: list[str] | set[str] = set(handles) if isinstance(handles, set) else list(handles)
+    timeout = getattr(opts, "timeout", None) or None
+    hints = {str(k): str(v) for k, v in dict(getattr(opts, "hints", None) or {}).items()}
+    return int(opts.uuid), members, timeout, hints or None

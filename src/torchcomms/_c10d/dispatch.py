@@ -123,6 +123,15 @@ def _scratch(value: Any) -> Any:
     )
 
 
+def twin_of(group: Any) -> c10d.ProcessGroup:
+    """``group``'s twin for this release, kept in ``group._twin`` and rebuilt when a
+    reconfigure changed its rank or size."""
+    key = (group.rank(), group.size())
+    if group._twin is None or group._twin[0] != key:
+        group._twin = (key, twin(group) if hosts_python_backends() else shown_twin(group))
+    return group._twin[1]
+
+
 def seen_by_dispatch_modes(method: _F) -> _F:
     """Issue ``method`` through a twin too while a dispatch mode is active (module docstring)."""
     name = method.__name__
@@ -132,11 +141,11 @@ def seen_by_dispatch_modes(method: _F) -> _F:
         if torch._C._len_torch_dispatch_stack() == 0 or getattr(_reentry, "depth", 0) > 0:
             return method(self, *args, **kwargs)
         if hosts_python_backends():
-            return getattr(self._dispatch_twin(), name)(*args, **kwargs)
+            return getattr(twin_of(self), name)(*args, **kwargs)
         shown_args, shown_kwargs = _scratch((args, kwargs))
         _reentry.depth = getattr(_reentry, "depth", 0) + 1
         try:
-            getattr(self._dispatch_twin(), name)(*shown_args, **shown_kwargs)
+            getattr(twin_of(self), name)(*shown_args, **shown_kwargs)
         finally:
             _reentry.depth -= 1
         return method(self, *args, **kwargs)
