@@ -8,7 +8,8 @@ Root only (network namespaces, ``tc``).  Each cell is one trial of
 each (1: tcp; 2: the hierarchical path), a 16 KiB all_reduce loop (``loop``: the fault hits
 an op in flight) or ops only after the heal (``idle``), the fault on host A for
 ``--fault-s`` seconds, with the tests' ``TORCHCOMM_TCP_USER_TIMEOUT_S=2`` and
-``TORCHCOMM_TCP_KEEPALIVE_S=1``.  Prints one row per rank: how its ops ended (``progress``
+``TORCHCOMM_TCP_KEEPALIVE_S=1`` (``--library-defaults``: the library's own, 30 s and 5 s).
+Prints one row per rank: how its ops ended (``progress``
 or the error's type), seconds after the fault began, the start of the message, whether every
 result was right, and how long a new communicator over the same hosts took after the heal.
 """
@@ -39,9 +40,19 @@ def main() -> None:
     parser.add_argument("--modes", default="loop,idle")
     parser.add_argument("--per-host", default="1,2")
     parser.add_argument("--fault-s", type=float, default=6.0)
+    parser.add_argument(
+        "--library-defaults",
+        action="store_true",
+        help="the library's TCP user timeout and keepalive (30 s, 5 s), not the tests' 2 s, 1 s",
+    )
     parser.add_argument("--json", help="write every cell's reports here")
     args = parser.parse_args()
     cells = []
+    env = (
+        {"TORCHCOMM_TCP_USER_TIMEOUT_S": "", "TORCHCOMM_TCP_KEEPALIVE_S": ""}
+        if args.library_defaults
+        else None
+    )
     for fault in args.faults.split(","):
         for mode in args.modes.split(","):
             for per_host in (int(p) for p in args.per_host.split(",")):
@@ -49,7 +60,7 @@ def main() -> None:
                     got = net_faults.run_trial(
                         Path(tmp), names, NETNS_ADDRS, free_port(), fault, args.fault_s,
                         per_host=per_host, mode=mode,
-                        transport="tcp" if per_host == 1 else "auto",
+                        transport="tcp" if per_host == 1 else "auto", rank_env=env,
                     )  # fmt: skip
                 cells.append({"fault": fault, "mode": mode, "per_host": per_host, **got})
                 for rank, seen in got["ranks"].items():
@@ -72,8 +83,9 @@ def main() -> None:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(sys.argv),
             "settings": {
-                "TORCHCOMM_TCP_USER_TIMEOUT_S": net_faults.USER_TIMEOUT_S,
-                "TORCHCOMM_TCP_KEEPALIVE_S": net_faults.KEEPALIVE_S,
+                "TORCHCOMM_TCP_USER_TIMEOUT_S": None if env else net_faults.USER_TIMEOUT_S,
+                "TORCHCOMM_TCP_KEEPALIVE_S": None if env else net_faults.KEEPALIVE_S,
+                "fault_s": args.fault_s,
             },
         }
         Path(args.json).write_text(json.dumps({"machine": machine, "cells": cells}, indent=1))

@@ -121,8 +121,8 @@ def rank_cmd(
         TORCHCOMM_TCP_USER_TIMEOUT_S=str(USER_TIMEOUT_S),
         TORCHCOMM_TCP_KEEPALIVE_S=str(KEEPALIVE_S),
         PYTHONPATH=os.pathsep.join([str(repo / "src"), str(repo)]),
-        **extra,
     )
+    env.update(extra)  # last: a caller may override the settings above
     code = "from tests.chaos.net_faults import rank_main; rank_main()"
     return ["ip", "netns", "exec", names[h], sys.executable, "-c", code], env
 
@@ -209,9 +209,11 @@ def run_trial(
     per_host: int = 1,
     mode: str = "loop",
     transport: str = "tcp",
+    rank_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Start the ranks, fault for ``fault_s``, heal; return every rank's report and the fault's
-    times (``on``, ``off``: ``time.monotonic``)."""
+    times (``on``, ``off``: ``time.monotonic``).  ``rank_env`` overrides the ranks' variables (an
+    empty ``TORCHCOMM_TCP_*`` value: the library's default instead of the tests' short one)."""
     size = 2 * per_host
     procs: list[subprocess.Popen[str]] = []
     trip = Fault(fault, names)
@@ -220,7 +222,7 @@ def run_trial(
         for rank in range(size):
             cmd, env = rank_cmd(names, addrs, rank, per_host, NF_OUT=str(tmp), NF_MODE=mode,
                                 NF_STORE_ADDR=addrs[0], NF_STORE_PORT=str(port),
-                                NF_TRANSPORT=transport)  # fmt: skip
+                                NF_TRANSPORT=transport, **(rank_env or {}))  # fmt: skip
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))  # fmt: skip
         _await_ranks(procs, [tmp / f"ready{r}" for r in range(size)])
