@@ -7,8 +7,8 @@ and turns the ``TORCH_DISTRIBUTED_USE_TORCHCOMMS`` bridge off for the life of th
 any of them raises ``ImportError``.  ``torchcomms/__init__`` serves those names before anything
 imports torch; this module covers the two cases that ordering cannot:
 
-* the package fails to import while PyTorch is looking (a broken install): stand-ins take the
-  three names, so the bridge stays on and the first ``init_process_group`` under the switch
+* the package fails to import while PyTorch is looking (a broken install): stand-ins take
+  every name the release imports from us, so the bridge stays on and the first ``init_process_group`` under the switch
   raises ``RuntimeError`` naming the cause instead of running plain gloo;
 * PyTorch looked before torchcomms could be found (``sys.path`` changed after
   ``import torch.distributed``): the look is redone once torchcomms is whole, if no default
