@@ -67,6 +67,7 @@ def group_settings() -> GroupSettings | None:
     if frame is None:
         return None
     timeout = frame.f_locals.get("timeout")
-    if not isinstance(timeout, timedelta) or timeout <= timedelta(0) or timeout == frame.f_globals.get("default_pg_timeout"):
+    chosen = isinstance(timeout, timedelta) and timeout > timedelta(0)
+    if not chosen or timeout == frame.f_globals.get("default_pg_timeout"):
         timeout = None
     return GroupSettings(timeout, frame.f_locals.get("enable_reconfigure") is True)
