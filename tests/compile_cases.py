@@ -385,8 +385,6 @@ GRAD_CASES = (
         "all_to_all_v_single",
         grad_all_to_all_v_single,
         lambda r, n: sum(range(1, n + 1)),
-        lambda r, n: _chunked(
-            n, lambda i: torch.arange(r * (i + 1), (r + 1) * (i + 1)) + 100 * i
-        ),
+        lambda r, n: _chunked(n, lambda i: torch.arange(r * (i + 1), (r + 1) * (i + 1)) + 100 * i),
     ),
 )

@@ -36,7 +36,7 @@ from torchcomms import (
     WorkStatus,
     new_comm,
 )
-from torchcomms.comm_core import ABORT_EXIT_CODE
+from torchcomms.comm.core import ABORT_EXIT_CODE
 from torchcomms.transport.procs import process_alive
 
 CPU = torch.device("cpu")

@@ -41,12 +41,12 @@ from torchcomms import (
     TorchWork,
     WorkStatus,
     config,
-    hook_args,
     new_comm,
     register_backend,
 )
 from torchcomms.backends.cpu import bootstrap
 from torchcomms.backends.fake import TorchCommFake
+from torchcomms.optable import hook_args
 
 CPU = torch.device("cpu")
 FINALIZE_OP_ID = 2**64 - 1
@@ -1193,11 +1193,14 @@ def test_an_op_upstream_names_no_hook_class_for_gets_a_generated_one() -> None:
     import dataclasses
     from types import SimpleNamespace
 
-    from torchcomms import hook_args, optable
+    from torchcomms import optable
+    from torchcomms.optable import hook_args
 
     all_reduce = optable.BY_NAME[optable.OpName.all_reduce]
     assert hook_args.pre_hook_class(all_reduce) is hook_args.AllReducePreHookArgs
-    entry = SimpleNamespace(hook_class_name="ScatterSinglePreHookArgs", hook=("input", "output", "root"))
+    entry = SimpleNamespace(
+        hook_class_name="ScatterSinglePreHookArgs", hook=("input", "output", "root")
+    )
     cls = hook_args.pre_hook_class(entry)  # type: ignore[arg-type]
     args = cls(1, 2, 0, False)
     assert (args.input, args.output, args.root, args.async_op) == (1, 2, 0, False)

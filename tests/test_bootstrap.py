@@ -383,8 +383,6 @@ def test_quickstart_under_torchrun_4() -> None:
     assert "quickstart OK: 4 ranks" in proc.stdout, proc.stdout
 
 
-
-
 def test_storeless_comms_and_split_under_torchrun() -> None:
     """In the shared 4-rank job, after the quickstart's comms were created and finalized."""
     proc, out_dir = shared_jobs.torchrun_scripts_4()

@@ -1428,7 +1428,7 @@ def test_bridge_argument_errors() -> None:
 def test_c10d_reduce_ops_map_to_ours() -> None:
     """A bare ``dist.ReduceOp.SUM`` (a ``RedOpType``), a ``ReduceOp`` object and premul sum."""
     from torchcomms import ReduceOp
-    from torchcomms._c10d.args import _reduce_op
+    from torchcomms.bridge.args import _reduce_op
 
     assert _reduce_op(dist.ReduceOp.SUM) == ReduceOp.SUM
     assert _reduce_op(dist.ReduceOp.MAX) == ReduceOp.MAX

@@ -20,11 +20,11 @@ from contextlib import contextmanager
 
 import torch.distributed as dist
 
-from torchcomms import store_counts
 from torchcomms.backends.cpu.tcp import census
 from torchcomms.backends.cpu.tcp.liveness import Liveness
-from torchcomms.backends.cpu.tcp.waits import TransportWaiter
+from torchcomms.backends.cpu.tcp.waits import TcpWaiter
 from torchcomms.ranks import decode_ranks, encode_ranks
+from torchcomms.runtime import store_counts
 
 PERIOD_S = 0.02
 
@@ -109,12 +109,12 @@ def test_a_gone_rank_is_not_named_and_its_subtree_still_asked() -> None:
 
 
 def test_a_timed_out_wait_names_the_behind_and_the_silent_and_says_who_left() -> None:
-    """What a tcp op's timeout says (``TransportWaiter``): the census's missing ranks, which of
+    """What a tcp op's timeout says (``TcpWaiter``): the census's missing ranks, which of
     them did not answer, and the gone apart, not named."""
     with _members(8, {6}, frozenset({4})) as made:
         for r, lv in made.items():
             lv.seq = 2 if r == 3 else 3
-        waiter = TransportWaiter(5, lambda: [], made[5], lambda: 3)
+        waiter = TcpWaiter(5, lambda: [], made[5], lambda: 3)
         error = waiter._timed_out("all_reduce", None)
         assert (error.kind, sorted(error.ranks)) == ("timeout", [3, 6]), error
         assert str(error) == (

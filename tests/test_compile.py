@@ -174,7 +174,10 @@ def test_the_op_table_matches_the_methods_it_traces() -> None:
     assert all_reduce.mutated() == (0,)
     assert table.BATCH.mutated() == (1,)
     # upstream's names: in place, functional (its return: a new order token, then the outputs)
-    assert (all_reduce.op, all_reduce.functional) == ("torchcomm_all_reduce_", "torchcomm_all_reduce")
+    assert (all_reduce.op, all_reduce.functional) == (
+        "torchcomm_all_reduce_",
+        "torchcomm_all_reduce",
+    )
     assert all_reduce.functional_returns() == "(Tensor, Tensor)"
     gather = next(s for s in table.OPS if s.method == "all_gather")
     assert gather.functional_returns() == "(Tensor, Tensor[])"
@@ -182,7 +185,9 @@ def test_the_op_table_matches_the_methods_it_traces() -> None:
     assert differentiable == set(autograd._BACKWARDS)
     assert differentiable.issubset(spec.method for spec in table.OPS if spec.mutated())
 
-    def all_reduce_without_timeout(self: object, tensor: object, op: object, async_op: bool) -> None:
+    def all_reduce_without_timeout(
+        self: object, tensor: object, op: object, async_op: bool
+    ) -> None:
         pass
 
     def split(self: object, async_op: bool, hints: object = None, timeout: object = None) -> None:
@@ -331,9 +336,15 @@ def grad_cases_on(comm: Any, backend: str) -> dict[str, Any]:
     if type(b.grad_fn).__name__ != "MulBackward0" or b.tolist() != summed:
         failures.append(f"bridge allreduce: {b}, grad_fn {b.grad_fn}")
     targets: list[str] = []
-    plain = torch.compile(compile_cases.grad_all_reduce, fullgraph=True, backend=_recording(backend, targets))
+    plain = torch.compile(
+        compile_cases.grad_all_reduce, fullgraph=True, backend=_recording(backend, targets)
+    )
     loss = plain(comm, torch.arange(float(compile_cases.C)))
-    no_node = (loss.requires_grad, loss.grad_fn is None, sorted(t for t in set(targets) if "torchcomm" in t))
+    no_node = (
+        loss.requires_grad,
+        loss.grad_fn is None,
+        sorted(t for t in set(targets) if "torchcomm" in t),
+    )
     return {"failures": failures, "frames": frames, "no_node": no_node}
 
 
@@ -378,7 +389,10 @@ def waits_on(comm: Any, backend: str) -> dict[str, Any]:
         fn(*xs, **kw).backward()
         return [x.grad.tolist() for x in xs]
 
-    for label, run in (("eager", lambda f: f), ("compiled", lambda f: torch.compile(f, fullgraph=True, backend=backend))):
+    for label, run in (
+        ("eager", lambda f: f),
+        ("compiled", lambda f: torch.compile(f, fullgraph=True, backend=backend)),
+    ):
         for inplace in (False, True):
             fn = run(functools.partial(_wait_two, inplace=inplace))
             out[f"{label} two inplace={inplace}"] = (grads(fn, 3, 3), [ones.tolist()] * 2)
@@ -398,7 +412,10 @@ def waits_on(comm: Any, backend: str) -> dict[str, Any]:
         x.grad = None
         loss.backward()
         out[f"{label} retain_graph"] = (x.grad.tolist(), first.tolist())
-    out["eager requires_grad false"] = (ops.torchcomm_wait_tensors([torch.ones(2)])[0].requires_grad, False)
+    out["eager requires_grad false"] = (
+        ops.torchcomm_wait_tensors([torch.ones(2)])[0].requires_grad,
+        False,
+    )
     x = torch.arange(3.0).requires_grad_()
     (g,) = torch.autograd.grad(ops.torchcomm_wait_tensors([x * x])[0].sum(), x, create_graph=True)
     (g2,) = torch.autograd.grad(g.sum(), x)
@@ -425,7 +442,10 @@ def waits_on(comm: Any, backend: str) -> dict[str, Any]:
     t = torch.full((4,), float(comm.get_rank() + 1))
     pending = TorchCommsAsyncTensor(t, comm.all_reduce(t, ReduceOp.SUM, True))
     (waited,) = ops.torchcomm_wait_tensors([pending])
-    out["wait_tensors waits an async tensor"] = ((waited.tolist(), pending.completed), ([total] * 4, True))
+    out["wait_tensors waits an async tensor"] = (
+        (waited.tolist(), pending.completed),
+        ([total] * 4, True),
+    )
     return out
 
 
@@ -524,7 +544,7 @@ def test_flag_unset_runs_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # -- hints, timeouts, hooks: what the compiled call hands the eager path --------------------------
 class _Seen:
-    """An internal observer (``torchcomms.oprecord``): the timeout each op ran with."""
+    """An internal observer (``torchcomms.runtime.oprecord``): the timeout each op ran with."""
 
     def __init__(self) -> None:
         self.ops: list[tuple[str, float, bool]] = []
@@ -614,7 +634,9 @@ def _check_options(reports: list[dict[str, Any]]) -> None:
 
 
 # -- batched point-to-point in a ring: the batch made outside the graph or inside it --------------
-def _ring(comm: Any, batch: Any, small: torch.Tensor, big: torch.Tensor, *recvs: torch.Tensor) -> None:
+def _ring(
+    comm: Any, batch: Any, small: torch.Tensor, big: torch.Tensor, *recvs: torch.Tensor
+) -> None:
     """Queue a ring exchange on ``batch``: ``small`` to the next rank, ``big`` to the previous."""
     size, rank = comm.get_size(), comm.get_rank()
     nxt, prv = (rank + 1) % size, (rank - 1) % size

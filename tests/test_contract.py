@@ -22,7 +22,7 @@ import torch
 from torchcomms import CommOptions, ReduceOp, TorchCommBackend, new_comm, register_backend
 from torchcomms.backends.contract import CommBackend
 from torchcomms.backends.cpu.backend import TorchCommGloo
-from torchcomms.backends.cpu.hier.transport import HierOps
+from torchcomms.backends.cpu.hier.ops import HierOps
 from torchcomms.backends.cpu.ops import CpuOps
 from torchcomms.backends.cpu.shm.ops import ShmOps
 from torchcomms.backends.cpu.tcp.ops import TcpOps
@@ -35,7 +35,7 @@ from torchcomms.errors import (
     CommStateError,
     CommTimeoutError,
 )
-from torchcomms.state import CommState
+from torchcomms.runtime.state import CommState
 
 CPU = torch.device("cpu")
 _names = itertools.count()
@@ -130,7 +130,9 @@ def test_plugin_error_makes_later_ops_fail_fast_with_the_cause() -> None:
     comm, impl = _flaky()
     t = torch.zeros(2)
     # A method the plug-in lacks is not a communicator failure.
-    with pytest.raises(BackendNotImplementedError, match=r'pure virtual function "TorchCommBackend::barrier"'):
+    with pytest.raises(
+        BackendNotImplementedError, match=r'pure virtual function "TorchCommBackend::barrier"'
+    ):
         comm.barrier(False)
     comm.all_reduce(t, ReduceOp.SUM, False)
     assert torch.equal(t, torch.ones(2))

@@ -24,7 +24,7 @@ from tests.distwrap_cases import Cases
 from tests.harness import RankContext
 from torchcomms import distwrap as dist
 from torchcomms.errors import CommValidationError
-from torchcomms.work import TorchWork
+from torchcomms.runtime.work import TorchWork
 
 WORLD = 3
 cases = Cases()

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from torchcomms.errors import CommTimeoutError
-from torchcomms.executor import Completion, OpExecutor
-from torchcomms.work import AsyncWork, WorkStatus
+from torchcomms.runtime.executor import Completion, OpExecutor
+from torchcomms.runtime.work import AsyncWork, WorkStatus
 
 
 def _work() -> AsyncWork:

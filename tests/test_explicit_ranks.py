@@ -3,7 +3,7 @@
 ``init_process_group(backend, rank=r, world_size=n, ...)`` with no rank variables in the
 environment is how ``mp.spawn`` scripts and PyTorch's own ``MultiProcessTestCase`` /
 ``DTensorTestBase`` suites start.  PyTorch 2.13 calls ``new_comm`` without that rank; ours
-reads it from c10d's group helper (``torchcomms.c10d_caller``).
+reads it from c10d's group helper (``torchcomms.bridge.c10d_caller``).
 
 * ``test_dtensor_testbase_on_torchcomms_equals_gloo``: PyTorch's ``DTensorTestBase`` (world 2,
   ``init_method=file://``, explicit ranks) runs one DTensor / tensor-parallel / FSDP2 case with

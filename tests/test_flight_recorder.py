@@ -512,7 +512,9 @@ def _sigusr1_auto(ctx: RankContext, setup: str) -> tuple[str, float]:
     return verdict, time.time() - sent
 
 
-@pytest.mark.parametrize(("setup", "expected"), [("plain", "dumped"), ("faulthandler", "not dumped")])
+@pytest.mark.parametrize(
+    ("setup", "expected"), [("plain", "dumped"), ("faulthandler", "not dumped")]
+)
 def test_sigusr1_dump_is_on_by_default_unless_the_signal_is_taken(
     tmp_path: Path, setup: str, expected: str
 ) -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from torchcomms import ReduceOp, config
-from torchcomms import fingerprint as F
+from torchcomms.runtime import fingerprint as F
 
 
 def test_liveness_period_and_mismatch_switch(monkeypatch: pytest.MonkeyPatch) -> None:

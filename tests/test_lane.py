@@ -30,10 +30,10 @@ from tests.harness import RankContext, run_ranks
 from tests.reference import rank_data, reduce_ref
 from tests.test_api import DummyPyBackend, _Waitable
 from torchcomms import CollectiveMismatchError, ReduceOp, TorchComm, new_comm, register_backend
-from torchcomms import fingerprint as F
 from torchcomms.backends.cpu import host_arrays
 from torchcomms.hooks import fr
-from torchcomms.oprecord import OpRecord, SyncRecord
+from torchcomms.runtime import fingerprint as F
+from torchcomms.runtime.oprecord import OpRecord, SyncRecord
 
 CPU = torch.device("cpu")
 TIMEOUT = timedelta(seconds=30)

@@ -35,7 +35,7 @@ _ABOVE_COMM = (
 )
 #: Layers below ``TorchComm``: they may not import ``torchcomms.comm`` or its parts.
 _BELOW_COMM = ("torchcomms.backends", "torchcomms.transport")
-_COMM = ("torchcomms.comm", "torchcomms.comm_core", "torchcomms.comm_ops")
+_COMM = ("torchcomms.comm", "torchcomms.comm.core", "torchcomms.comm.ops")
 
 
 def _modules() -> dict[str, Path]:
@@ -163,8 +163,8 @@ def test_no_module_over_the_size_limit() -> None:
 _TRANSPORT_MAY_IMPORT = (
     "torchcomms.transport",
     "torchcomms.config",
-    "torchcomms.deadline",
-    "torchcomms.fingerprint",
+    "torchcomms.runtime.deadline",
+    "torchcomms.runtime.fingerprint",
     "torchcomms.ranks",
     "torchcomms.types",
 )
@@ -197,10 +197,10 @@ _CPU_CHOOSERS = {
     "torchcomms.backends.cpu.backend",
     "torchcomms.backends.cpu.select",
 }
-#: Its sub-packages, and ``hier.transport`` (``HierOps``): ``hier``'s other modules
+#: Its sub-packages, and ``hier.ops`` (``HierOps``): ``hier``'s other modules
 #: (``leaders``, ``members``) serve every transport and sit with the top level.
 _CPU_SUBPACKAGES = tuple(
-    f"torchcomms.backends.cpu.{p}" for p in ("shm", "tcp", "window", "recovery", "hier.transport")
+    f"torchcomms.backends.cpu.{p}" for p in ("shm", "tcp", "window", "recovery", "hier.ops")
 )
 
 
@@ -233,7 +233,7 @@ def test_sibling_packages_stay_apart() -> None:
 
 
 def test_only_the_cpu_choosers_reach_into_its_sub_packages() -> None:
-    # ``hier.transport`` is the one ops class that delegates to both transports; ``select``
+    # ``hier.ops`` is the one ops class that delegates to both transports; ``select``
     # picks one; ``backend`` owns the result.  The shared modules (dispatch, ops, staging,
     # ``hier.leaders``, ``hier.members``, ...) stay below.
     graph = _graph()
@@ -247,7 +247,7 @@ def test_only_the_cpu_choosers_reach_into_its_sub_packages() -> None:
         if _under(target, _CPU_SUBPACKAGES)
     ]
     assert wrong == []
-    assert graph["torchcomms.backends.cpu.hier.transport"] & {
+    assert graph["torchcomms.backends.cpu.hier.ops"] & {
         "torchcomms.backends.cpu.shm.ops",
         "torchcomms.backends.cpu.tcp.ops",
     } == {"torchcomms.backends.cpu.shm.ops", "torchcomms.backends.cpu.tcp.ops"}

@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torchcomms.backends.cpu import connect
 from torchcomms.backends.cpu.hier import leaders
 from torchcomms.backends.cpu.hier.members import Members, host_pids_key
-from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError, CommTimeoutError
+from torchcomms.runtime.deadline import Deadline
 
 #: The pid rank r says it has: PID0 + r (the threads share one process).
 PID0 = 4_000_000

@@ -5,7 +5,7 @@ process is stopped (SIGSTOP) or merely busy holds the connection and counts as a
 a killed process's port refuses, and a closed listener too.  And the ring itself: a
 ``Liveness`` of a two-"host" communicator answers, and ``mark_dead`` refuses to declare a
 member dead while it answers (the confused-peer case of the ``closed`` chaos fault).
-Then what a gloo wait raises when a lane peer's connection ends (``TransportWaiter.gone``):
+Then what a gloo wait raises when a lane peer's connection ends (``TcpWaiter.gone``):
 "closed its connection" while the peer answers, "died" once it does not, and a peer's
 ``FAILED dead r`` about a rank this one sees alive blames that rank as failed.
 """
@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from torchcomms.backends.cpu.tcp.liveness import Liveness
 from torchcomms.backends.cpu.tcp.probe import probe
-from torchcomms.backends.cpu.tcp.waits import TransportWaiter
+from torchcomms.backends.cpu.tcp.waits import TcpWaiter
 from torchcomms.transport.tcp.lane import LanePeerGone
 
 _SILENT_LISTENER = (
@@ -86,7 +86,7 @@ def test_a_ring_member_answers_and_is_never_marked_dead_while_it_does() -> None:
     try:
         assert first.elsewhere() == [1]
         assert first.answers(1) and second.answers(0)
-        waiter = TransportWaiter(0, lambda: list(first.dead), first, lambda: 1)
+        waiter = TcpWaiter(0, lambda: list(first.dead), first, lambda: 1)
         gone = waiter.gone(LanePeerGone(1, None), "all_reduce")  # ended, but it answers
         assert (gone.kind, gone.ranks) == ("peer_failed", [1]), gone
         assert "closed its connection" in str(gone)
@@ -111,7 +111,7 @@ def test_a_dead_claim_about_a_rank_seen_alive_blames_it_as_failed_not_dead() -> 
     peers = [("host-a", me), ("host-a", me), ("host-a", me)]  # all local, all alive
     lv = Liveness(dist.HashStore(), 0, peers, "claims", period_s=0.02)
     try:
-        waiter = TransportWaiter(0, lambda: list(lv.dead), lv, lambda: 1)
+        waiter = TcpWaiter(0, lambda: list(lv.dead), lv, lambda: 1)
         gone = waiter.gone(LanePeerGone(2, "FAILED dead 1"), "broadcast")
         assert (gone.kind, gone.ranks) == ("peer_failed", [1]), gone
         assert "peer rank 2 reports them dead; this rank sees them alive" in str(gone)

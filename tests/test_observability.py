@@ -303,7 +303,7 @@ def test_check_mode_off_by_default_and_fake_comm_unchecked() -> None:
 
 # -- what the observers read off each op: pinned to what they read before the op table ---------
 def _observed_cases() -> tuple[list[tuple[OpName, Any, tuple[Any, ...]]], list[torch.Tensor]]:
-    from torchcomms import hook_args as H
+    from torchcomms.optable import hook_args as H
 
     t4, t8 = torch.zeros(4), torch.zeros(8, dtype=torch.int64)
     l2 = [torch.zeros(2), torch.zeros(3)]
@@ -462,7 +462,7 @@ def test_observers_read_each_op_as_before_the_op_table() -> None:
     table, equal what the per-op code before it produced (captured from commit e217720)."""
     import importlib
 
-    from torchcomms import opinfo
+    from torchcomms.runtime import opinfo
 
     signature = importlib.import_module("torchcomms.hooks.clog").signature
     cases, tensors = _observed_cases()

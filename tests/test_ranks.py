@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from torchcomms import fingerprint as F
-from torchcomms.backends.cpu.hier.transport import HierOps, Topology
+from torchcomms.backends.cpu.hier.ops import HierOps, Topology
 from torchcomms.ranks import RankMessage, Ranks, decode_ranks, encode_ranks, ranks_text
+from torchcomms.runtime import fingerprint as F
 from torchcomms.transport.errors import WaitError
 from torchcomms.transport.shm.channel import _Mismatch
 

@@ -24,8 +24,9 @@ import pytest
 import torch
 
 from tests.harness import RankContext, run_ranks
-from torchcomms import ReduceOp, new_comm, store_counts
+from torchcomms import ReduceOp, new_comm
 from torchcomms.backends.cpu.hier import members
+from torchcomms.runtime import store_counts
 
 #: transport -> (hints, world sizes, ranks per simulated host; 0: every rank on this host).
 CASES: dict[str, tuple[dict[str, str], tuple[int, ...], int]] = {

@@ -51,7 +51,7 @@ from torchcomms import (
     config,
     new_comm,
 )
-from torchcomms.backends.cpu.hier import transport as hier
+from torchcomms.backends.cpu.hier import ops as hier
 
 CPU = torch.device("cpu")
 TIMEOUT = 120.0

@@ -716,7 +716,9 @@ def _tag_hints(ctx: RankContext) -> list[float]:
             comm.send(torch.ones(1), peer, False, hints={"tag": bad})
     got = []
     if ctx.rank == 0:
-        works = [comm.send(torch.tensor([float(v)]), 1, True, hints={"tag": str(v)}) for v in (1, 2)]
+        works = [
+            comm.send(torch.tensor([float(v)]), 1, True, hints={"tag": str(v)}) for v in (1, 2)
+        ]
         for w in works:
             w.wait()
     else:

@@ -30,14 +30,14 @@ from torchcomms import (
     TorchComm,
     TorchCommBackend,
     WorkStatus,
-    comm_core,
     new_comm,
     register_backend,
 )
 from torchcomms.backends.fake import TorchCommFake
-from torchcomms.executor import Completion, OpExecutor
+from torchcomms.comm import core as comm_core
+from torchcomms.runtime.executor import Completion, OpExecutor
+from torchcomms.runtime.work import AsyncWork, PythonBackendWork
 from torchcomms.types import AbortInfo, AbortReason
-from torchcomms.work import AsyncWork, PythonBackendWork
 
 CPU = torch.device("cpu")
 SUM = ReduceOp.SUM
@@ -483,7 +483,7 @@ def test_abort_on_error_ends_the_process(
     hooks: list[str] = []
     comm.register_abort_hook(lambda: hooks.append("abort hook"))
     with (
-        caplog.at_level(logging.CRITICAL, logger="torchcomms.comm_core"),
+        caplog.at_level(logging.CRITICAL, logger="torchcomms.comm.core"),
         pytest.raises(_Exited) as info,
     ):
         comm.all_reduce(torch.ones(2), SUM, False)

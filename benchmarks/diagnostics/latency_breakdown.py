@@ -30,7 +30,7 @@ import torch
 
 import torchcomms
 from torchcomms import ReduceOp
-from torchcomms.deadline import Deadline
+from torchcomms.runtime.deadline import Deadline
 from torchcomms.types import OpOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -8,7 +8,7 @@ counted.
 For each world size N and transport, N ranks are forked from this process (oversubscribed
 past 2 cores: counts, not times, are the measure) and the store is served by a process
 of its own.  With ``TORCHCOMM_STORE_COUNTS=1`` every store operation of the comms is
-counted (``torchcomms.store_counts``: ours and gloo's).  Per rank and phase it records:
+counted (``torchcomms.runtime.store_counts``: ours and gloo's).  Per rank and phase it records:
 
 * store operations by kind; ``polls`` are the ``check`` calls and counter reads waits poll with,
   ``liveness`` the liveness watcher's publishes (both depend on timing), ``ops`` the rest
@@ -66,7 +66,7 @@ import torch.distributed as dist
 from _doc import write_doc
 from _store_server import served_store
 
-from torchcomms import store_counts
+from torchcomms.runtime import store_counts
 
 PHASES = ("new_comm", "all_reduce", "all_to_all", "ops_loop", "split", "reconfigure", "shrink")
 #: How long the ``ops_loop`` phase runs small all_reduces.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 
-from torchcomms import _import_guard
+from torchcomms.bridge import import_guard as _import_guard
 
 #: The names ``distributed_c10d`` imports from this package itself (``from torchcomms import
 #: ...``), with the module that defines each: what ``__getattr__`` serves while this ``__init__``

@@ -37,7 +37,7 @@ from typing import Any, TypeVar, cast
 import torch
 from torch._C import _distributed_c10d as c10d
 
-from torchcomms._c10d.args import (
+from torchcomms.bridge.args import (
     _aliased,
     _c10d_op,
     _even_splits,
@@ -49,10 +49,10 @@ from torchcomms._c10d.args import (
     _single_list,
     _tag,
 )
-from torchcomms._c10d.dispatch import seen_by_dispatch_modes
-from torchcomms._c10d.work import _WorkWrapper
+from torchcomms.bridge.c10d_work import _WorkWrapper
+from torchcomms.bridge.dispatch import seen_by_dispatch_modes
 from torchcomms.comm import BatchSendRecv, TorchComm
-from torchcomms.work import TorchWork
+from torchcomms.runtime.work import TorchWork
 
 logger = logging.getLogger("torchcomms.backend_wrapper")
 
@@ -555,7 +555,7 @@ class _BackendWrapper(c10d.ProcessGroup):
         self, timeout: timedelta | None = None, wait_all_ranks: bool = False
     ) -> None:
         """gloo's debugging barrier: rank 0 names the ranks that did not arrive in time."""
-        from torchcomms._c10d.monitored_barrier import monitored_barrier
+        from torchcomms.bridge.monitored_barrier import monitored_barrier
 
         monitored_barrier(self._comm, timeout or self._default_timeout, wait_all_ranks)
 

@@ -10,16 +10,16 @@ from __future__ import annotations
 import importlib
 import types
 
-from torchcomms import hook_args
 from torchcomms._backend_wrapper import _BackendWrapper, _BackendWrapperOptions
-from torchcomms._c10d.work import _WorkWrapper
-from torchcomms.allocator import get_mem_allocator
 from torchcomms.backends.base import TorchCommBackend
 from torchcomms.backends.fake import TorchCommFake
+from torchcomms.bridge.c10d_work import _WorkWrapper
 from torchcomms.comm import BatchSendRecv, RemovableHandle, TorchComm, new_comm
-from torchcomms.comm_persistent import AllGatherPHandle
-from torchcomms.hook_args import *  # noqa: F403 - upstream exposes every hook-args class here
-from torchcomms.optable import OpName
+from torchcomms.comm.allocator import get_mem_allocator
+from torchcomms.comm.persistent import AllGatherPHandle
+from torchcomms.comm.window import TorchCommWindow
+from torchcomms.optable import OpName, hook_args
+from torchcomms.optable.hook_args import *  # noqa: F403 - upstream exposes every hook-args class here
 from torchcomms.registry import (
     _is_backend_registered,
     _load_backend,
@@ -27,6 +27,7 @@ from torchcomms.registry import (
     is_backend_built,
     register_backend,
 )
+from torchcomms.runtime.work import TorchWork, WorkStatus
 from torchcomms.types import (
     AllGatherOptions,
     AllGatherPExecOptions,
@@ -57,8 +58,6 @@ from torchcomms.types import (
     TorchCommWinAccessType,
     TorchCommWindowAttr,
 )
-from torchcomms.window import TorchCommWindow
-from torchcomms.work import TorchWork, WorkStatus
 
 register_backend("fake", TorchCommFake)
 

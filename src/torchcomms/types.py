@@ -211,7 +211,9 @@ class ReconfigureOptions:
     ) -> None:
         if isinstance(uuid, bool) or not isinstance(uuid, int):
             raise TypeError(f"ReconfigureOptions: uuid must be an int, got {type(uuid).__name__}")
-        handles: list[InitHandle] | set[InitHandle] = set() if init_handles is None else init_handles
+        handles: list[InitHandle] | set[InitHandle] = (
+            set() if init_handles is None else init_handles
+        )
         if not isinstance(handles, (list, set)) or not all(isinstance(h, str) for h in handles):
             raise TypeError(
                 "ReconfigureOptions: init_handles must be a list or a set of str, got "
@@ -228,7 +230,9 @@ class ReconfigureOptions:
         self.uuid = uuid
         self.init_handles = handles
         self.timeout = timeout
-        self.hints: dict[str, str] = {} if hints is None else {str(k): str(v) for k, v in hints.items()}
+        self.hints: dict[str, str] = (
+            {} if hints is None else {str(k): str(v) for k, v in hints.items()}
+        )
 
     def __repr__(self) -> str:
         return (

@@ -6,7 +6,7 @@ by ``backends.plugin.PluginBackend``.  Every op takes the API's arguments (valid
 ``TorchComm``), then ``async_op`` and an ``OpOptions`` (resolved timeout, hints, op
 name and id), and returns a ``TorchWork``.
 
-Failure state lives in ``TorchComm`` (``torchcomms.state``): it hands the backend its
+Failure state lives in ``TorchComm`` (``torchcomms.runtime.state``): it hands the backend its
 ``CommStatus`` (``bind_status``) before the first op.  A backend reports a failure with
 one call, ``report_failure(error)``; from then on ``TorchComm`` refuses new ops with the
 original cause, and a backend with queued async ops refuses those with ``check_usable``.
@@ -29,9 +29,9 @@ from torch._C import _distributed_c10d as c10d
 from torchcomms import optable
 from torchcomms.backends.base import TorchCommBackend
 from torchcomms.errors import CommError, CommValidationError
-from torchcomms.state import CommStatus
+from torchcomms.runtime.state import CommStatus
+from torchcomms.runtime.work import TorchWork
 from torchcomms.types import CommOptions, OpOptions, P2POp
-from torchcomms.work import TorchWork
 
 #: Called once, with the first failure, after the comm moved to its error state
 #: (``CommStatus.failure_listener``).

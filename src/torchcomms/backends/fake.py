@@ -9,8 +9,8 @@ import torch
 
 from torchcomms import optable
 from torchcomms.backends.contract import CommBackend, fill_ops
+from torchcomms.runtime.work import CompletedWork, TorchWork
 from torchcomms.types import CommOptions, OpOptions, P2POp
-from torchcomms.work import CompletedWork, TorchWork
 
 
 def _no_op(entry: optable.Op) -> Callable[..., TorchWork]:

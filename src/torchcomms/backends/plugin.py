@@ -25,8 +25,8 @@ from torchcomms import optable
 from torchcomms.backends.base import TorchCommBackend
 from torchcomms.backends.contract import CommBackend, fill_ops
 from torchcomms.errors import BackendNotImplementedError, CommError
+from torchcomms.runtime.work import PythonBackendWork, TorchWork, completed_python_work
 from torchcomms.types import CommOptions, OpOptions, P2POp
-from torchcomms.work import PythonBackendWork, TorchWork, completed_python_work
 
 BATCH_UNSUPPORTED = "[PyTorchCommBackend]: batch_op_issue not implemented for Python backends"
 

@@ -1,6 +1,6 @@
 """``WindowBackend``: what ``TorchCommWindow`` asks of a backend's window implementation.
 
-``TorchCommWindow`` (``torchcomms.window``) validates every argument (ranks, offsets,
+``TorchCommWindow`` (``torchcomms.comm.window``) validates every argument (ranks, offsets,
 sizes, dtypes, registration state) against ``meta`` first, so an implementation may
 assume valid input.  Every op takes ``async_op`` and an ``OpOptions`` (resolved timeout,
 hints, op name) and returns a ``TorchWork``; a backend runs them in the communicator's
@@ -14,8 +14,8 @@ import abc
 
 import torch
 
+from torchcomms.runtime.work import TorchWork
 from torchcomms.types import OpOptions, TorchCommWinAccessType
-from torchcomms.work import TorchWork
 
 
 class WindowBackend(abc.ABC):

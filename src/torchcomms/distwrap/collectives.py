@@ -27,7 +27,7 @@ from torch._C import _distributed_c10d as c10d
 from torch.distributed import ProcessGroup, ReduceOp
 
 from torchcomms import objcol
-from torchcomms._c10d.args import _reduce_op
+from torchcomms.bridge.args import _reduce_op
 from torchcomms.distwrap.fallback import fallback_all_gather_gloo
 from torchcomms.distwrap.utils import (
     _backend_for_device,
@@ -39,8 +39,8 @@ from torchcomms.distwrap.utils import (
     get_group,
     torchcomms_is_enabled,
 )
+from torchcomms.runtime.work import TorchWork
 from torchcomms.types import ReduceOp as TcReduceOp
-from torchcomms.work import TorchWork
 
 Result = Any  # dist.Work | TorchWork | None, as the mode and async_op say
 #: A reduce op as torch.distributed takes it (``ReduceOp.SUM`` is typed as its enum member).

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.distributed import ProcessGroup, ReduceOp
 
-from torchcomms._c10d.work import _WorkWrapper
+from torchcomms.bridge.c10d_work import _WorkWrapper
 from torchcomms.distwrap.collectives import _convert_reduce_op
 from torchcomms.distwrap.pginfo import pg_info_get_data
 from torchcomms.distwrap.utils import (

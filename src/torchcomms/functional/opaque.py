@@ -24,12 +24,12 @@ import torch
 from torch._library.opaque_object import MemberType, get_opaque_type_name, register_opaque_type
 from torch._opaque_base import OpaqueBaseMeta
 
-from torchcomms import comm as comm_module
 from torchcomms.comm import TorchComm
-from torchcomms.comm_ops import BatchSendRecv
+from torchcomms.comm import communicator as comm_module
+from torchcomms.comm.ops import BatchSendRecv
 from torchcomms.functional import autograd, ops, table, traced
+from torchcomms.runtime.work import TorchWork
 from torchcomms.types import BatchP2POptions, P2POp, P2POpType
-from torchcomms.work import TorchWork
 
 #: Read on the real object while tracing; the result is a constant of the graph.
 GETTERS = ("get_rank", "get_size", "get_name", "get_device", "get_backend")

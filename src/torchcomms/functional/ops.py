@@ -47,8 +47,8 @@ import torch
 
 from torchcomms.comm import TorchComm
 from torchcomms.functional import table
+from torchcomms.runtime.work import TorchWork
 from torchcomms.types import BatchP2POptions, RedOpType, ReduceOp
-from torchcomms.work import TorchWork
 
 NAMESPACE = "torchcomms"
 #: The arguments every communicator op ends with.
@@ -264,7 +264,11 @@ def _functional_fake(mutated: tuple[int, ...]) -> Callable[..., Any]:
         outs = []
         for i in mutated:
             v = own[i]
-            outs.append(torch.empty_like(v) if isinstance(v, torch.Tensor) else [torch.empty_like(t) for t in v])
+            outs.append(
+                torch.empty_like(v)
+                if isinstance(v, torch.Tensor)
+                else [torch.empty_like(t) for t in v]
+            )
         return (token.new_empty(0), *outs)
 
     return fake
@@ -296,9 +300,7 @@ def _wait_tensors_autograd(keyset: Any, inputs: list[torch.Tensor]) -> list[torc
     """The in-place wait under autograd: values unchanged, so the inputs keep their history."""
     op = getattr(torch.ops.torchcomms, WAIT_TENSORS + "_").default
     with torch._C._AutoDispatchBelowAutograd():
-        result: list[torch.Tensor] = op.redispatch(
-            keyset & torch._C._after_autograd_keyset, inputs
-        )
+        result: list[torch.Tensor] = op.redispatch(keyset & torch._C._after_autograd_keyset, inputs)
     return result
 
 
@@ -355,7 +357,9 @@ def define(comm_type_name: str) -> None:
         if not mutated or spec is table.BATCH:
             continue
         functional = spec.functional
-        plain = f"{comm_type_name} comm, Tensor token, {args.replace('(a!)', '')}, {_FUNCTIONAL_TAIL}"
+        plain = (
+            f"{comm_type_name} comm, Tensor token, {args.replace('(a!)', '')}, {_FUNCTIONAL_TAIL}"
+        )
         lib.define(f"{functional}({plain}) -> {spec.functional_returns()}")
         lib.impl(functional, _functional(eager, mutated), "CompositeExplicitAutograd")
         torch.library.register_fake(

@@ -25,6 +25,7 @@ import torch
 
 from torchcomms.functional import table
 from torchcomms.functional.ops import ORDER_TOKEN, WAIT, async_name, hints_text
+from torchcomms.runtime.work import TorchWork
 from torchcomms.types import (
     UNSET_BATCH_TIMEOUT,
     BatchP2POptions,
@@ -33,7 +34,6 @@ from torchcomms.types import (
     RedOpType,
     ReduceOp,
 )
-from torchcomms.work import TorchWork
 
 _Tail = tuple[bool, list[str], list[str], "float | None", int]
 #: The reductions with a gradient formula (autograd.py): the linear ones.

@@ -36,9 +36,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from torchcomms import config, opinfo
+from torchcomms import config
 from torchcomms.comm import TorchComm
 from torchcomms.optable import OpName
+from torchcomms.runtime import opinfo
 
 FR_VERSION = "2.10"
 #: ``comm_lib_version`` of every dump: how ``python -m torchcomms.tools.fr`` knows its own.

@@ -27,10 +27,11 @@ from typing import IO, Any
 
 import torch
 
-from torchcomms import opinfo, optable
+from torchcomms import optable
 from torchcomms.comm import TorchComm
-from torchcomms.oprecord import OpRecord
 from torchcomms.optable import OpName
+from torchcomms.runtime import opinfo
+from torchcomms.runtime.oprecord import OpRecord
 from torchcomms.types import RedOpType
 
 _LIFECYCLE_EVENTS = frozenset({"LIFECYCLE", "ALL"})

@@ -25,12 +25,13 @@ import threading
 
 import torch
 
-from torchcomms import config, opinfo
-from torchcomms import fingerprint as F
+from torchcomms import config
 from torchcomms.comm import TorchComm, add_default_observer
 from torchcomms.errors import BackendNotImplementedError, CollectiveMismatchError
-from torchcomms.oprecord import OpRecord
 from torchcomms.optable import OpName
+from torchcomms.runtime import fingerprint as F
+from torchcomms.runtime import opinfo
+from torchcomms.runtime.oprecord import OpRecord
 from torchcomms.types import OpOptions, RedOpType
 
 _MAGIC = 0x7C0FF1CE

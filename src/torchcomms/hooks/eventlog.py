@@ -13,7 +13,7 @@ not logged.  Ranks may share one file (lines are appended whole) or use one each
 
 Threads: ``op_scheduled`` runs on the thread issuing the op, ``op_finished`` on whichever
 thread finished it (the issuing thread, the comm's executor thread for async ops, or the
-thread in ``wait()``; see ``torchcomms.oprecord``); each line is written whole under one
+thread in ``wait()``; see ``torchcomms.runtime.oprecord``); each line is written whole under one
 lock per file.
 """
 
@@ -25,10 +25,11 @@ import threading
 import time
 from typing import IO, Any
 
-from torchcomms import config, opinfo
+from torchcomms import config
 from torchcomms.comm import TorchComm, add_default_observer
-from torchcomms.oprecord import OpRecord
 from torchcomms.optable import OpName
+from torchcomms.runtime import opinfo
+from torchcomms.runtime.oprecord import OpRecord
 
 _P2P = opinfo.P2P_OPS
 

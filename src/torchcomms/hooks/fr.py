@@ -26,7 +26,7 @@ writing, ``_fr_signal`` the SIGUSR1 handler.  Their public names are importable 
 
 Threads: ``op_scheduled`` (and ``comm_split``) run on the thread issuing the op and append
 one entry; ``op_finished`` runs on whichever thread finished the op (see
-``torchcomms.oprecord``) and only dumps if the op failed; the abort hook runs on the
+``torchcomms.runtime.oprecord``) and only dumps if the op failed; the abort hook runs on the
 aborting thread.  Dumps copy the buffer (retrying if it changes underneath) and may run on
 any thread, concurrently with recording.
 
@@ -51,7 +51,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from torchcomms import config, opinfo
+from torchcomms import config
 from torchcomms.comm import RemovableHandle, TorchComm, add_default_observer
 from torchcomms.errors import CommAbortedError, CommTimeoutError, PeerFailureError
 from torchcomms.hooks import _fr_signal
@@ -68,8 +68,9 @@ from torchcomms.hooks._fr_dump import (
     process_global_rank,
     write_dump_file,
 )
-from torchcomms.oprecord import OpRecord, SyncRecord
 from torchcomms.optable import OpName
+from torchcomms.runtime import opinfo
+from torchcomms.runtime.oprecord import OpRecord, SyncRecord
 
 logger = logging.getLogger("torchcomms.hooks.fr")
 

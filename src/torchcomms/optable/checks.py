@@ -1,6 +1,6 @@
 """Each op's argument checks: upstream's rules and error texts, in upstream's order.
 
-``check_<op>(c, *arguments)`` raises through the comm's ``Checker`` (``torchcomms.validation``)
+``check_<op>(c, *arguments)`` raises through the comm's ``Checker`` (``torchcomms.comm.validation``)
 for invalid arguments; ``@op`` pairs each declaration with the check of its name.  The
 checks run on the issuing thread, before the backend sees the op.
 """
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from torchcomms.validation import Checker
+    from torchcomms.comm.validation import Checker
 
 
 def check_send(c: Checker, tensor: Any, dst: Any) -> None:

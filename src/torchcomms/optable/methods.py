@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
     import torch
 
+    from torchcomms.runtime.work import TorchWork
     from torchcomms.types import ReduceOp
-    from torchcomms.work import TorchWork
 
 
 #: Sides and pre-hook orders that differ from the defaults (``op``).

@@ -19,7 +19,7 @@ import socket
 import time
 from collections.abc import Collection
 
-from torchcomms.deadline import Deadline
+from torchcomms.runtime.deadline import Deadline
 
 logger = logging.getLogger("torchcomms.transport.listen")
 

@@ -26,8 +26,8 @@ import torch._C._distributed_c10d as c10d
 
 from torchcomms import config
 from torchcomms.backends.cpu import bootstrap
-from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError, CommTimeoutError, PeerFailureError
+from torchcomms.runtime.deadline import Deadline
 from torchcomms.transport.listen import listen_socket
 
 #: Upstream's default (``std::chrono::milliseconds(60000)``).

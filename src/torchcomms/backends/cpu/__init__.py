@@ -19,5 +19,5 @@ each host and tcp between, the one ops class that delegates to both transports; 
 through host leaders; who the members are), ``window/`` (one-sided windows), ``recovery/``
 (reconfigure, the survivors' agreement).  ``shm`` and ``tcp`` never import each other;
 ``window`` and ``recovery`` import neither; only ``backend``, ``select`` and
-``hier.transport`` reach into several (``tests/test_layout.py``).
+``hier.ops`` reach into several (``tests/test_layout.py``).
 """

@@ -45,7 +45,6 @@ from torchcomms.backends.cpu.staging import CPU_DTYPES
 from torchcomms.backends.cpu.tcp import liveness
 from torchcomms.backends.cpu.window.net import WindowNet
 from torchcomms.backends.cpu.window.window import CpuWindow, WindowContext
-from torchcomms.deadline import Deadline
 from torchcomms.errors import (
     CommError,
     CommRevokedError,
@@ -54,12 +53,13 @@ from torchcomms.errors import (
     PeerFailureError,
     forget_frames,
 )
-from torchcomms.executor import OpExecutor
-from torchcomms.state import CommState
+from torchcomms.runtime.deadline import Deadline
+from torchcomms.runtime.executor import OpExecutor
+from torchcomms.runtime.state import CommState
+from torchcomms.runtime.work import CompletedWork, TorchWork
 from torchcomms.transport.gloo import process_group as gloo
 from torchcomms.transport.procs import process_alive
 from torchcomms.types import CommOptions, OpOptions
-from torchcomms.work import CompletedWork, TorchWork
 
 logger = logging.getLogger("torchcomms.backends.cpu.backend")
 

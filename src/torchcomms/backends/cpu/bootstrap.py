@@ -50,11 +50,12 @@ from typing import TypeVar
 
 import torch._C._distributed_c10d as c10d
 
-from torchcomms import c10d_caller, config
-from torchcomms.deadline import Deadline
+from torchcomms import config
+from torchcomms.bridge import c10d_caller
 from torchcomms.errors import CommError, CommTimeoutError, PeerFailureError, forget_frames
 from torchcomms.ranks import ranks_text
-from torchcomms.store_counts import CountingStore
+from torchcomms.runtime.deadline import Deadline
+from torchcomms.runtime.store_counts import CountingStore
 from torchcomms.transport import listen
 from torchcomms.transport.gloo.process_group import underlying_tcp_host
 from torchcomms.transport.procs import host_identity

@@ -27,9 +27,9 @@ import torch.distributed
 
 from torchcomms.backends.cpu.bootstrap import CommStore
 from torchcomms.backends.cpu.hier import members as members_mod
-from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError, CommTimeoutError, PeerFailureError
 from torchcomms.ranks import ranks_text
+from torchcomms.runtime.deadline import Deadline
 from torchcomms.transport.procs import process_alive
 
 logger = logging.getLogger("torchcomms.backends.cpu.connect")

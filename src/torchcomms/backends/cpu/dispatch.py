@@ -21,12 +21,12 @@ from torchcomms import optable
 from torchcomms.backends.contract import CommBackend, fill_ops
 from torchcomms.backends.cpu import allgather_p
 from torchcomms.backends.cpu.ops import Completion, CpuOps
-from torchcomms.deadline import Deadline
 from torchcomms.errors import CommStateError, CommValidationError
-from torchcomms.executor import OpExecutor
-from torchcomms.state import CommState
+from torchcomms.runtime.deadline import Deadline
+from torchcomms.runtime.executor import OpExecutor
+from torchcomms.runtime.state import CommState
+from torchcomms.runtime.work import AsyncWork, CompletedWork, TorchWork
 from torchcomms.types import OpOptions, P2POp, P2POpType, ReduceOp
-from torchcomms.work import AsyncWork, CompletedWork, TorchWork
 
 #: One op's work on a transport, called as ``body(*args, deadline)`` (a ``CpuOps`` method
 #: and the op's arguments: no closure per op); it may leave a completion.

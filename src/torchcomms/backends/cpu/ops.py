@@ -9,7 +9,7 @@ Contract, for every method:
 * arguments are the API's, already validated by ``TorchComm`` (so sizes, roots and
   dtypes agree with the reference's rules); tensors may live on any device, and an
   implementation stages them through host memory itself;
-* ``deadline`` bounds every wait of the op (``torchcomms.deadline``);
+* ``deadline`` bounds every wait of the op (``torchcomms.runtime.deadline``);
 * the calling thread is the op's thread: the caller's for sync ops, the communicator's
   executor thread for async ones; one op at a time per communicator (issue order);
 * errors are raised as they come (``WaitError``, gloo's ``RuntimeError``);
@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from torchcomms import optable
-from torchcomms.deadline import Deadline
+from torchcomms.runtime.deadline import Deadline
 from torchcomms.types import P2POp, P2POpType, ReduceOp
 
 #: Waits for point-to-point transfers that were posted without blocking.

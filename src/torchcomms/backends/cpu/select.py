@@ -1,7 +1,7 @@
 """Which transport a CPU communicator uses, and connecting it (collective over the members).
 
 * shm (``cpu.shm.ops``) when every member shares this host;
-* hierarchical (``cpu.hier.transport``) when members span hosts and some host holds several;
+* hierarchical (``cpu.hier.ops``) when members span hosts and some host holds several;
 * flat tcp (``cpu.tcp.ops``: direct sockets, gloo for the rest) otherwise, or when
   ``transport=tcp`` is asked for.
 
@@ -23,7 +23,7 @@ import torch._C._distributed_c10d as c10d
 from torchcomms import config
 from torchcomms.backends.cpu import connect as cpu_connect
 from torchcomms.backends.cpu.hier import leaders
-from torchcomms.backends.cpu.hier import transport as hier
+from torchcomms.backends.cpu.hier import ops as hier
 from torchcomms.backends.cpu.hier.members import Members
 from torchcomms.backends.cpu.ops import CpuOps
 from torchcomms.backends.cpu.shm import ops as shm_ops
@@ -31,8 +31,8 @@ from torchcomms.backends.cpu.tcp import census
 from torchcomms.backends.cpu.tcp.liveness import Liveness, within
 from torchcomms.backends.cpu.tcp.ops import TcpOps
 from torchcomms.backends.cpu.tcp.waits import GLOO_MARGIN
-from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError
+from torchcomms.runtime.deadline import Deadline
 from torchcomms.transport import placement
 from torchcomms.transport.gloo import process_group as gloo
 from torchcomms.transport.tcp import lane as tcp_lane

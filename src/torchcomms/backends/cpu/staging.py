@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from torchcomms import fingerprint as F
+from torchcomms.runtime import fingerprint as F
 from torchcomms.types import RedOpType, ReduceOp
 
 #: The dtypes the CPU backend supports, in the fingerprints' order (shm fingerprints number

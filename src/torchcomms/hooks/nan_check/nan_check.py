@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from torchcomms import opinfo
 from torchcomms.comm import RemovableHandle, TorchComm
 from torchcomms.optable import OpName
+from torchcomms.runtime import opinfo
 
 _INPLACE = opinfo.IN_PLACE_OPS
 

@@ -17,7 +17,7 @@ import torch
 import torch._C._distributed_c10d as c10d
 
 from torchcomms import config
-from torchcomms.deadline import Deadline
+from torchcomms.runtime.deadline import Deadline
 from torchcomms.transport.gloo.rendezvous import GatheredRendezvous
 from torchcomms.types import RedOpType, ReduceOp
 

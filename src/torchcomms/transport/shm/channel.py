@@ -62,10 +62,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from torchcomms.deadline import Deadline
-from torchcomms.fingerprint import Fingerprint, checked_word, unpack_word
-from torchcomms.fingerprint import mismatch as fingerprint_mismatch
 from torchcomms.ranks import Named, RankMessage, Ranks, Rename
+from torchcomms.runtime.deadline import Deadline
+from torchcomms.runtime.fingerprint import Fingerprint, checked_word, unpack_word
+from torchcomms.runtime.fingerprint import mismatch as fingerprint_mismatch
 from torchcomms.transport import core_sharing
 from torchcomms.transport.core_sharing import CoreSharing
 from torchcomms.transport.errors import WaitError

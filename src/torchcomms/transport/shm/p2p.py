@@ -55,8 +55,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from torchcomms.deadline import Deadline
 from torchcomms.ranks import RankMessage, Ranks
+from torchcomms.runtime.deadline import Deadline
 from torchcomms.transport import cma
 from torchcomms.transport.errors import WaitError
 from torchcomms.transport.shm.channel import ACKED, PMETA0, SENT, ShmChannel

@@ -1,6 +1,6 @@
 """The CPU backend's host hierarchy: who sits on which host, and the ops that use it.
 
-* ``transport``: ``HierOps``, shm inside each host and tcp between: the one ops class that
+* ``ops``: ``HierOps``, shm inside each host and tcp between: the one ops class that
   delegates to both transports (it may import ``cpu.shm`` and ``cpu.tcp``);
 * ``leaders``: meeting through host leaders: identities and the rendezvous, O(hosts) for
   rank 0;

@@ -45,9 +45,9 @@ import torch._C._distributed_c10d as c10d
 
 from torchcomms.backends.cpu import connect as cpu_connect
 from torchcomms.backends.cpu.hier.members import Members, Placement, from_bundle, host_pids_key
-from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError, CommTimeoutError
 from torchcomms.ranks import decode_ranks, encode_ranks
+from torchcomms.runtime.deadline import Deadline
 
 #: How much longer rank 0 waits for the leaders' verdicts than the leaders wait for
 #: their members (the members wait twice as much longer for rank 0's).

@@ -31,9 +31,9 @@ from collections.abc import Callable, Iterable
 
 import torch._C._distributed_c10d as c10d
 
-from torchcomms.deadline import Deadline
 from torchcomms.errors import CommTimeoutError
 from torchcomms.ranks import decode_ranks, encode_ranks, ranks_text
+from torchcomms.runtime.deadline import Deadline
 
 _POLL_MAX_S = 0.02
 _DECIDED = "decided"

@@ -40,9 +40,9 @@ import torch._C._distributed_c10d as c10d
 
 from torchcomms import config
 from torchcomms.backends.cpu import bootstrap
-from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError, CommValidationError
-from torchcomms.store_counts import CountingStore
+from torchcomms.runtime.deadline import Deadline
+from torchcomms.runtime.store_counts import CountingStore
 from torchcomms.transport.gloo.process_group import reachable_address
 
 BACKEND = "gloo"

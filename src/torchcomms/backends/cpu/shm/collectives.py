@@ -42,7 +42,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from torchcomms import fingerprint as F
 from torchcomms.backends.cpu.reductions import BINARY, BINARY_BOOL, reduce_rows
 from torchcomms.backends.cpu.shm import slot_copies
 from torchcomms.backends.cpu.shm.oneshot import OneShot
@@ -52,8 +51,9 @@ from torchcomms.backends.cpu.shm.single_copy import (
     PAIR_REDUCTION_MIN_BYTES,
     SingleCopy,
 )
-from torchcomms.deadline import Deadline
-from torchcomms.fingerprint import Fingerprint
+from torchcomms.runtime import fingerprint as F
+from torchcomms.runtime.deadline import Deadline
+from torchcomms.runtime.fingerprint import Fingerprint
 from torchcomms.transport.shm.channel import ShmChannel
 from torchcomms.types import RedOpType, ReduceOp
 

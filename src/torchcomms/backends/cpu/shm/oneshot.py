@@ -31,11 +31,11 @@ from typing import Any
 
 import torch
 
-from torchcomms import fingerprint as F
 from torchcomms.backends.cpu import host_arrays
 from torchcomms.backends.cpu.reductions import reduce_rows
-from torchcomms.deadline import Deadline
-from torchcomms.fingerprint import Fingerprint
+from torchcomms.runtime import fingerprint as F
+from torchcomms.runtime.deadline import Deadline
+from torchcomms.runtime.fingerprint import Fingerprint
 from torchcomms.transport.shm.channel import ShmChannel
 from torchcomms.types import RedOpType, ReduceOp
 

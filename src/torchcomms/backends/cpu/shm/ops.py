@@ -6,7 +6,7 @@ member maps it and acknowledges; rank 0 then unlinks the file at once, so ``/dev
 never keeps an entry past initialisation, even if a process is killed later) and returns
 the flat-tensor algorithms over it.  ``ShmOps`` turns the API's arguments (tensor lists,
 split sizes, device tensors, AVG) into those algorithms (``cpu.shm.collectives``) and the
-rings of ``transport.shm.p2p``.  The hierarchical path (``cpu.hier.transport``) builds on
+rings of ``transport.shm.p2p``.  The hierarchical path (``cpu.hier.ops``) builds on
 ``open_collectives`` too.  Runs on the op's thread (see ``cpu.ops``).
 """
 
@@ -20,7 +20,6 @@ import torch
 import torch._C._distributed_c10d as c10d
 
 from torchcomms import config
-from torchcomms import fingerprint as F
 from torchcomms.backends.cpu import connect as cpu_connect
 from torchcomms.backends.cpu import host_arrays
 from torchcomms.backends.cpu.ops import Completion, CpuOps
@@ -32,8 +31,9 @@ from torchcomms.backends.cpu.staging import (
     overlaps,
     reduced_on_host,
 )
-from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError
+from torchcomms.runtime import fingerprint as F
+from torchcomms.runtime.deadline import Deadline
 from torchcomms.transport.shm import segment as shm_segment
 from torchcomms.transport.shm.channel import (
     STATE_FAILED,

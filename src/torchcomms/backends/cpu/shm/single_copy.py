@@ -54,9 +54,9 @@ import torch
 from torchcomms import config
 from torchcomms.backends.cpu import host_arrays
 from torchcomms.backends.cpu.staging import overlaps
-from torchcomms.deadline import Deadline
-from torchcomms.fingerprint import Fingerprint
 from torchcomms.ranks import RankMessage, Ranks
+from torchcomms.runtime.deadline import Deadline
+from torchcomms.runtime.fingerprint import Fingerprint
 from torchcomms.transport import cma
 from torchcomms.transport.errors import WaitError
 from torchcomms.transport.shm.channel import ShmChannel

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from torchcomms.backends.cpu.staging import overlaps
-from torchcomms.deadline import Deadline
-from torchcomms.fingerprint import Fingerprint
+from torchcomms.runtime.deadline import Deadline
+from torchcomms.runtime.fingerprint import Fingerprint
 from torchcomms.transport.shm.channel import ShmChannel
 
 

@@ -1,7 +1,7 @@
 """``Exchange``: the first step of every collective on the tcp path, and small ops' only one.
 
 Each rank writes a header (magic, the comm's collective sequence number, the op's
-fingerprint: ``torchcomms.fingerprint``) and, for small messages, the payload itself
+fingerprint: ``torchcomms.runtime.fingerprint``) and, for small messages, the payload itself
 into its own row, and the communicator's ``transport.tcp.lane`` all_gathers the rows.  Then every
 rank compares every header with its own: ranks that called different collectives (or
 skipped one) all raise a mismatch naming who passed what, before any data is combined
@@ -19,10 +19,10 @@ import ctypes
 
 import torch
 
-from torchcomms import fingerprint as F
-from torchcomms.backends.cpu.tcp.waits import TransportWaiter
-from torchcomms.deadline import Deadline
-from torchcomms.fingerprint import Fingerprint
+from torchcomms.backends.cpu.tcp.waits import TcpWaiter
+from torchcomms.runtime import fingerprint as F
+from torchcomms.runtime.deadline import Deadline
+from torchcomms.runtime.fingerprint import Fingerprint
 from torchcomms.transport.tcp.lane import Lane, LaneOversize, LanePeerGone
 
 _MAGIC = 0x70C0_C0DE
@@ -42,7 +42,7 @@ def inline_limit(size: int) -> int:
 class Exchange:
     """The rows of one communicator's header exchange (see the module docstring)."""
 
-    def __init__(self, lane: Lane, rank: int, size: int, waiter: TransportWaiter) -> None:
+    def __init__(self, lane: Lane, rank: int, size: int, waiter: TcpWaiter) -> None:
         self.lane = lane
         self.rank = rank
         self.size = size

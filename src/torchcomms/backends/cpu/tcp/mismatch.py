@@ -19,9 +19,9 @@ from datetime import timedelta
 
 from torch._C._distributed_c10d import Store
 
-from torchcomms import fingerprint as F
 from torchcomms.backends.cpu.tcp.liveness import within
-from torchcomms.fingerprint import Fingerprint
+from torchcomms.runtime import fingerprint as F
+from torchcomms.runtime.fingerprint import Fingerprint
 from torchcomms.transport.errors import WaitError
 
 #: How long a rank waits for the others' headers before it settles for what it saw.

@@ -35,7 +35,6 @@ from typing import Any
 import torch
 import torch._C._distributed_c10d as c10d
 
-from torchcomms import fingerprint as F
 from torchcomms.backends.cpu.host_arrays import UserBytes, mark_written
 from torchcomms.backends.cpu.ops import Completion, CpuOps
 from torchcomms.backends.cpu.reductions import reduce_rows
@@ -44,9 +43,10 @@ from torchcomms.backends.cpu.tcp.exchange import Exchange
 from torchcomms.backends.cpu.tcp.liveness import Liveness
 from torchcomms.backends.cpu.tcp.mismatch import MismatchReport
 from torchcomms.backends.cpu.tcp.ring_ops import RingOps
-from torchcomms.backends.cpu.tcp.waits import GLOO_MARGIN_S, TransportWaiter
-from torchcomms.deadline import Deadline
-from torchcomms.fingerprint import Fingerprint
+from torchcomms.backends.cpu.tcp.waits import GLOO_MARGIN_S, TcpWaiter
+from torchcomms.runtime import fingerprint as F
+from torchcomms.runtime.deadline import Deadline
+from torchcomms.runtime.fingerprint import Fingerprint
 from torchcomms.transport.gloo import process_group as gloo
 from torchcomms.transport.procs import process_alive
 from torchcomms.transport.tcp.lane import Lane, LanePeerGone
@@ -115,9 +115,7 @@ class TcpOps(CpuOps):
         self.check = check  # exchange headers on every collective (TORCHCOMM_MISMATCH_CHECK)
         self.seq = 0  # collectives entered
         report = MismatchReport(store, rank, size, self._announce)
-        self.waiter = TransportWaiter(
-            rank, self.dead_peers, liveness, lambda: self.seq, lane, report
-        )
+        self.waiter = TcpWaiter(rank, self.dead_peers, liveness, lambda: self.seq, lane, report)
         self._send_seq: dict[int, int] = defaultdict(int)
         self._recv_seq: dict[int, int] = defaultdict(int)
         self._pg_timeout = pg_timeout

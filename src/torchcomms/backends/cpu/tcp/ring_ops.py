@@ -38,9 +38,9 @@ import torch
 from torchcomms.backends.cpu.reductions import BINARY, BINARY_BOOL
 from torchcomms.backends.cpu.staging import finish_average
 from torchcomms.backends.cpu.tcp.exchange import HEADER_BYTES, Exchange, decode
-from torchcomms.backends.cpu.tcp.waits import TransportWaiter
-from torchcomms.deadline import Deadline
-from torchcomms.fingerprint import Fingerprint
+from torchcomms.backends.cpu.tcp.waits import TcpWaiter
+from torchcomms.runtime.deadline import Deadline
+from torchcomms.runtime.fingerprint import Fingerprint
 from torchcomms.transport.tcp.lane import Lane, LanePeerGone, LaneProtocolError
 from torchcomms.transport.tcp.ring import Check, Combine, Ring, as_bytes, spans
 from torchcomms.types import RedOpType, ReduceOp
@@ -74,7 +74,7 @@ class RingOps:
         self,
         lane: Lane,
         exchange: Exchange,
-        waiter: TransportWaiter,
+        waiter: TcpWaiter,
         begin: Callable[[Fingerprint], int],
         check: bool,
     ) -> None:
@@ -223,7 +223,7 @@ class _LaneErrors:
 
     __slots__ = ("_waiter", "_what")
 
-    def __init__(self, waiter: TransportWaiter, what: str) -> None:
+    def __init__(self, waiter: TcpWaiter, what: str) -> None:
         self._waiter = waiter
         self._what = what
 

@@ -1,4 +1,4 @@
-"""``TransportWaiter``: how the tcp path waits (gloo's calls and its own TCP lanes), so every
+"""``TcpWaiter``: how the tcp path waits (gloo's calls and its own TCP lanes), so every
 wait has a deadline and a name.
 
 * A collective's gloo work is waited on in short slices (``SLICE``, non-destructive for
@@ -25,9 +25,9 @@ from typing import Any
 
 from torchcomms.backends.cpu.tcp.liveness import Liveness
 from torchcomms.backends.cpu.tcp.mismatch import MismatchReport
-from torchcomms.deadline import Deadline
-from torchcomms.fingerprint import Fingerprint
 from torchcomms.ranks import ranks_text
+from torchcomms.runtime.deadline import Deadline
+from torchcomms.runtime.fingerprint import Fingerprint
 from torchcomms.transport.errors import WaitError
 from torchcomms.transport.tcp.lane import GAVE_UP, Lane, LanePeerGone
 
@@ -43,7 +43,7 @@ GLOO_MARGIN = timedelta(seconds=GLOO_MARGIN_S)
 ATTRIBUTION_S = 1.0
 
 
-class TransportWaiter:
+class TcpWaiter:
     """Every wait of one tcp communicator: gloo's works, the lane, p2p (module docstring)."""
 
     def __init__(

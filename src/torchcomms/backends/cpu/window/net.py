@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import socket
 
-from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError
+from torchcomms.runtime.deadline import Deadline
 from torchcomms.transport.window.tcp import PeerLink, WindowServer
 
 

@@ -35,14 +35,14 @@ import torch
 from torchcomms.backends.cpu.ops import Completion, CpuOps
 from torchcomms.backends.cpu.window.net import WindowNet
 from torchcomms.backends.window_contract import WindowBackend
-from torchcomms.deadline import Deadline
 from torchcomms.errors import CommError, CommTimeoutError, PeerFailureError
+from torchcomms.runtime.deadline import Deadline
+from torchcomms.runtime.work import TorchWork
 from torchcomms.transport.procs import process_alive
 from torchcomms.transport.wait_policy import WaitPolicy
 from torchcomms.transport.window.memory import WindowMemory
 from torchcomms.transport.window.tcp import LinkError, PeerLink
 from torchcomms.types import OpOptions, TorchCommWinAccessType
-from torchcomms.work import TorchWork
 
 #: Bytes of one member's registration record.
 _RECORD = 512

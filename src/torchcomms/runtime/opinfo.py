@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from torchcomms import hook_args, optable
-from torchcomms.optable import OpName
+from torchcomms import optable
+from torchcomms.optable import OpName, hook_args
 from torchcomms.types import ReduceOp
 
 Sizes = tuple[torch.Size, ...]

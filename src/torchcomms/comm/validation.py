@@ -27,7 +27,16 @@ class Checker:
     The prefix is built only when an error is raised: valid calls (the hot path) skip it.
     """
 
-    __slots__ = ("_cpu", "_describe", "_device_type", "device", "dtypes", "rank", "self_p2p", "size")
+    __slots__ = (
+        "_cpu",
+        "_describe",
+        "_device_type",
+        "device",
+        "dtypes",
+        "rank",
+        "self_p2p",
+        "size",
+    )
 
     def __init__(
         self,

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable
 
 from torchcomms.errors import CommAbortedError, CommTimeoutError
-from torchcomms.work import AbortSignal, AsyncWork
+from torchcomms.runtime.work import AbortSignal, AsyncWork
 
 Completion = Callable[[], None]
 OpBody = Callable[[], "Completion | None"]

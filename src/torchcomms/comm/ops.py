@@ -19,16 +19,16 @@ from typing import Any
 
 import torch
 
-from torchcomms import hook_args, optable
-from torchcomms.comm_core import CommCore
-from torchcomms.optable import OpName
+from torchcomms import optable
+from torchcomms.comm.core import CommCore
+from torchcomms.optable import OpName, hook_args
+from torchcomms.runtime.work import TorchWork
 from torchcomms.types import (
     UNSET_BATCH_TIMEOUT,
     BatchP2POptions,
     P2POp,
     P2POpType,
 )
-from torchcomms.work import TorchWork
 
 
 class CommOps(CommCore, optable.OpMethods):

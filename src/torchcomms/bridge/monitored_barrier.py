@@ -25,8 +25,8 @@ import torch
 from torch._C import _distributed_c10d as c10d
 
 from torchcomms.comm import TorchComm
-from torchcomms.deadline import Deadline
 from torchcomms.errors import CommTimeoutError
+from torchcomms.runtime.deadline import Deadline
 
 
 @dataclass

@@ -10,7 +10,7 @@ async ops), so DDP's ``get_future().then(...)`` chains run without anyone callin
 
 Import rule (as ``_backend_wrapper``): PyTorch imports this while ``torch.distributed`` is
 half-initialised, so at module level only ``torch``, ``torch._C._distributed_c10d``, the
-standard library and ``torchcomms.work``.
+standard library and ``torchcomms.runtime.work``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from datetime import timedelta
 import torch
 from torch._C import _distributed_c10d as c10d
 
-from torchcomms.work import TorchWork
+from torchcomms.runtime.work import TorchWork
 
 _UNSET_TIMEOUT = timedelta(0)
 

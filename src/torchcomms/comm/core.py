@@ -2,7 +2,7 @@
 
 One path for every op (collectives, point-to-point, batches, split):
 
-1. ``_checker(op)``: refuse unless the comm's state allows ops (``torchcomms.state``),
+1. ``_checker(op)``: refuse unless the comm's state allows ops (``torchcomms.runtime.state``),
    then the op validates its arguments (``validation``);
 2. ``_begin``: resolve the per-op timeout, take the process-global ``op_id``, run the
    pre-hooks (a raising hook stops the op);
@@ -49,16 +49,15 @@ from typing import Any
 
 import torch
 
-from torchcomms import hook_args
 from torchcomms.backends.base import TorchCommBackend
 from torchcomms.backends.contract import CommBackend
+from torchcomms.comm.validation import Checker
 from torchcomms.errors import CommAbortedError, CommError, CommTimeoutError, PeerFailureError
-from torchcomms.oprecord import LaneObserver, OpObserver, OpRecord
-from torchcomms.optable import OpName
-from torchcomms.state import CommState, CommStatus
+from torchcomms.optable import OpName, hook_args
+from torchcomms.runtime.oprecord import LaneObserver, OpObserver, OpRecord
+from torchcomms.runtime.state import CommState, CommStatus
+from torchcomms.runtime.work import CompletedWork, TorchWork
 from torchcomms.types import AbortInfo, AbortReason, CommOptions, OpOptions
-from torchcomms.validation import Checker
-from torchcomms.work import CompletedWork, TorchWork
 
 FINALIZE_OP_ID = 2**64 - 1
 #: The exit code of a process ended by ``abort_process_on_timeout_or_error``.
@@ -67,7 +66,7 @@ _READY = CommState.READY
 _ZERO = timedelta(0)
 _ABORTED = CommState.ABORTED
 
-logger = logging.getLogger("torchcomms.comm_core")
+logger = logging.getLogger("torchcomms.comm.core")
 
 #: ``next()`` on an ``itertools.count`` is one C call that holds the GIL throughout, so
 #: op ids are unique across threads without a lock.
@@ -433,7 +432,11 @@ class CommCore:
         ``_lane``.  Any thread (hook changes)."""
         observers = self._observers
         only = observers[0] if len(observers) == 1 else None
-        if callable(getattr(only, "op_sync", None)) and not self._pre_hooks and not self._post_hooks:
+        if (
+            callable(getattr(only, "op_sync", None))
+            and not self._pre_hooks
+            and not self._post_hooks
+        ):
             self._lane = only  # type: ignore[assignment]  # a LaneObserver, checked
         else:
             self._lane = None

@@ -2,7 +2,7 @@
 
 ``TorchComm`` validates arguments, assigns the process-global ``op_id``, runs pre/post
 hooks, resolves the per-op timeout, owns the communicator's state machine
-(``torchcomms.state``: ready → error → aborted / finalized, plus uninitialized in
+(``torchcomms.runtime.state``: ready → error → aborted / finalized, plus uninitialized in
 reconfigure mode) and forwards to its backend through the one typed interface
 ``CommBackend``.  It never touches bytes.  The layers: ``comm_core`` (state, hooks,
 the issue path), ``comm_ops`` (every operation), ``comm_persistent`` (the persistent
@@ -22,20 +22,22 @@ from typing import Any
 
 import torch
 
-from torchcomms import allocator, c10d_caller, config, hook_args, registry
+from torchcomms import config, registry
 from torchcomms.backends import plugin
 from torchcomms.backends.base import TorchCommBackend
 from torchcomms.backends.window_contract import WindowBackend
-from torchcomms.comm_core import FINALIZE_OP_ID, RemovableHandle, _next_op_id
-from torchcomms.comm_ops import BatchSendRecv, CommOps
-from torchcomms.comm_persistent import PersistentAllGather
+from torchcomms.bridge import c10d_caller
+from torchcomms.comm import allocator
+from torchcomms.comm.core import FINALIZE_OP_ID, RemovableHandle, _next_op_id
+from torchcomms.comm.ops import BatchSendRecv, CommOps
+from torchcomms.comm.persistent import PersistentAllGather
+from torchcomms.comm.window import TorchCommWindow
 from torchcomms.errors import CommStateError
-from torchcomms.oprecord import OpObserver
-from torchcomms.optable import OpName
-from torchcomms.state import CommState
+from torchcomms.optable import OpName, hook_args
+from torchcomms.runtime.oprecord import OpObserver
+from torchcomms.runtime.state import CommState
+from torchcomms.runtime.work import TorchWork
 from torchcomms.types import AbortReason, CommOptions
-from torchcomms.window import TorchCommWindow
-from torchcomms.work import TorchWork
 
 __all__ = [
     "FINALIZE_OP_ID",
@@ -326,7 +328,7 @@ class TorchComm(CommOps, PersistentAllGather):
         return child
 
     def new_window(self, tensor: torch.Tensor | None = None) -> Any:
-        """A one-sided window on this comm (``torchcomms.window``); with ``tensor``, registered.
+        """A one-sided window on this comm (``torchcomms.comm.window``); with ``tensor``, registered.
 
         Every rank creates its windows in the same order (a window is matched across ranks
         by that order); with ``tensor`` the call is collective (``tensor_register``).

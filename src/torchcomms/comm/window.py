@@ -22,10 +22,10 @@ from typing import Any, Protocol
 import torch
 
 from torchcomms.backends.window_contract import WindowBackend
+from torchcomms.comm.validation import Checker
 from torchcomms.errors import CommStateError, CommValidationError
+from torchcomms.runtime.work import TorchWork
 from torchcomms.types import OpOptions, TorchCommWindowAttr
-from torchcomms.validation import Checker
-from torchcomms.work import TorchWork
 
 
 class _Comm(Protocol):

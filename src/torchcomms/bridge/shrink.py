@@ -63,4 +63,3 @@ def shrink(comm: TorchComm, ranks_to_exclude: list[int], shrink_flags: int) -> S
     backend.comm = child
     _kept.append(backend)
     return backend
-

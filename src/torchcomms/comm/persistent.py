@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from torchcomms.comm_core import CommCore
+from torchcomms.comm.core import CommCore
 from torchcomms.errors import CommValidationError
-from torchcomms.state import CommState
+from torchcomms.runtime.state import CommState
+from torchcomms.runtime.work import TorchWork
 from torchcomms.types import OpOptions
-from torchcomms.work import TorchWork
 
 
 class AllGatherPHandle:
@@ -86,8 +86,7 @@ class PersistentAllGather(CommCore):
         c.tensor(input, "input")
         if input.dtype != output.dtype:
             raise c.fail(
-                f"input dtype {input.dtype} must match the registered output's dtype "
-                f"{output.dtype}"
+                f"input dtype {input.dtype} must match the registered output's dtype {output.dtype}"
             )
         c.numel_eq(
             output.numel(),

@@ -125,7 +125,6 @@ def redo_torch_look() -> None:
         setattr(c10d, as_name, value)
     c10d._TORCHCOMM_AVAILABLE = True  # type: ignore[attr-defined]
     _LOG.info(
-        "torch.distributed's bridge to torchcomms switched on after a failed first look "
-        "(bound %s)",
+        "torch.distributed's bridge to torchcomms switched on after a failed first look (bound %s)",
         ", ".join(sorted(bound)),
     )

@@ -45,7 +45,6 @@ import torch
 import torch._C._distributed_c10d as c10d
 
 from torchcomms import config
-from torchcomms import fingerprint as F
 from torchcomms.backends.cpu import connect as cpu_connect
 from torchcomms.backends.cpu.ops import Completion, CpuOps
 from torchcomms.backends.cpu.shm import ops as shm_ops
@@ -53,8 +52,9 @@ from torchcomms.backends.cpu.shm.collectives import ShmCollectives
 from torchcomms.backends.cpu.staging import finish_average, on_host
 from torchcomms.backends.cpu.tcp.ops import TcpOps
 from torchcomms.backends.cpu.tcp.waits import GLOO_MARGIN
-from torchcomms.deadline import Deadline
 from torchcomms.ranks import RankMessage, Ranks
+from torchcomms.runtime import fingerprint as F
+from torchcomms.runtime.deadline import Deadline
 from torchcomms.transport.errors import WaitError
 from torchcomms.transport.gloo import process_group as gloo
 from torchcomms.transport.shm.channel import STATE_FAILED, STATE_FINALIZED

@@ -31,7 +31,7 @@ from typing import Any
 
 from torchcomms.errors import CommAbortedError, CommTimeoutError
 
-logger = logging.getLogger("torchcomms.work")
+logger = logging.getLogger("torchcomms.runtime.work")
 
 DoneCallback = Callable[["TorchWork"], None]
 

@@ -31,13 +31,13 @@ from datetime import timedelta
 from typing import Any, Generic, Protocol, TypeVar
 
 from torchcomms.optable import OpName
-from torchcomms.work import TorchWork, WorkStatus
+from torchcomms.runtime.work import TorchWork, WorkStatus
 
 #: The communicator type that issued the op (``TorchComm``); a parameter, not an import,
 #: because this module sits below ``torchcomms.comm``.
 CommT = TypeVar("CommT")
 
-logger = logging.getLogger("torchcomms.oprecord")
+logger = logging.getLogger("torchcomms.runtime.oprecord")
 
 
 class OpObserver(Protocol):

@@ -327,8 +327,7 @@ def pre_hook_class(entry: optable.Op) -> type:
 #: The post-hook argument class of each collective and point-to-point op (upstream's:
 #: ``AllReducePostHookArgs`` for ``all_reduce``).
 POST_HOOK_ARGS_BY_OP: dict[OpName, type[CollectivePostHookArgs]] = {
-    e.name: globals().get(e.camel + "PostHookArgs", CollectivePostHookArgs)
-    for e in optable.OPS
+    e.name: globals().get(e.camel + "PostHookArgs", CollectivePostHookArgs) for e in optable.OPS
 }
 
 #: Upstream's stub aliases: what a pre-hook / post-hook may receive.
