@@ -1,21 +1,12 @@
-"""``CommOps``: the operations of a ``TorchComm``, generated from the op table.
+"""``CommOps``: the operations of a ``TorchComm``, and ``BatchSendRecv``.
 
-Each op's method is made from its declaration in ``optable`` (signature, argument checks,
-pre-hook arguments, whether it has a sync fast path): it checks its arguments with the
-reference's rules and error texts (shared by every backend, so backends may assume valid
-input) and hands the backend call to ``CommCore._issue``, or to ``CommCore._sync`` for a
-valid sync op with no hints or timeout while the lane is open.  The generated code is what
-one would write by hand for each op (this is every op's hot path), made once at import.
-``BatchSendRecv`` collects sends and receives and issues them as one op through the same
-path.
+Each op's code is its method in ``optable.methods`` (``OpMethods``): it checks the
+arguments with the reference's rules and hands the backend call to ``CommCore._issue``, or
+to ``CommCore._sync`` for a plain sync call while the lane is open.  ``BatchSendRecv``
+collects sends and receives and issues them as one op through the same path.
 """
 
 from __future__ import annotations
-
-import inspect
-import linecache
-import os
-from typing import Any
 
 import torch
 
@@ -40,69 +31,6 @@ class CommOps(CommCore, optable.OpMethods):
         return BatchSendRecv(self)
 
 
-def _method_source(entry: optable.Op) -> str:
-    """The op's method as source text (see the module docstring)."""
-    name, args = entry.method, ", ".join(entry.names)
-    lead = args + ", " if args else ""
-    lines = [
-        f"def {name}(self, {lead}async_op, hints=None, timeout=None):",
-        f"    c = self._checker({name!r})",
-    ]
-    if entry.normalizes:
-        lines.append(f"    {args}, = check(c, {args})")
-    elif args:
-        lines.append(f"    check(c, {args})")
-    if entry.hot:
-        tensor = _lane_tensors(entry)
-        peer = entry.peer or "-1"
-        lines += [
-            "    if async_op is False and hints is None and timeout is None "
-            "and self._lane is not None:",
-            f"        return self._sync(NAME, {tensor}, {peer}, self._backend.{name}, "
-            f"({lead}False,))",
-        ]
-    hooked = ", ".join([*entry.hook, "async_op"])
-    lines += [
-        "    c.async_op(async_op)",
-        f"    return self._issue(NAME, Hook({hooked}), timeout, hints, self._backend.{name}, "
-        f"({lead}async_op,))",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _lane_tensors(entry: optable.Op) -> str:
-    """What the lane records of the op's data (``LaneObserver.op_sync``): its one tensor,
-    ``(input, output)`` for an op with one of each, or ``None``."""
-    ins, outs = entry.inputs, entry.outputs
-    if ins is not None and outs is not None and ins[0] != outs[0]:
-        assert ins[1] == outs[1] == optable.ONE, entry.name
-        return f"({ins[0]}, {outs[0]})"
-    return entry.names[0] if entry.names else "None"
-
-
-def _make_method(entry: optable.Op) -> Any:
-    scope: dict[str, Any] = {
-        "NAME": entry.name,
-        "check": entry.check,
-        "Hook": hook_args.pre_hook_class(entry),
-    }
-    source = _method_source(entry)
-    # A name inside the package (stack walks, the flight recorder's, count it as
-    # torchcomms'), with its source in linecache, so a traceback shows the generated line.
-    filename = os.path.join(os.path.dirname(__file__), f"<op {entry.method}>")
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    exec(compile(source, filename, "exec"), scope)
-    method = scope[entry.method]
-    declared = getattr(optable.OpMethods, entry.method)
-    method.__doc__ = declared.__doc__
-    method.__qualname__ = f"TorchComm.{entry.method}"
-    method.__signature__ = inspect.signature(declared)
-    method.__annotations__ = dict(declared.__annotations__)
-    return method
-
-
-for _entry in optable.OPS:
-    setattr(CommOps, _entry.method, _make_method(_entry))
 _SEND, _RECV = optable.BY_NAME[OpName.send], optable.BY_NAME[OpName.recv]
 
 

@@ -12,8 +12,7 @@ from typing import Any
 
 import torch
 
-from torchcomms import optable
-from torchcomms.optable import OpName
+from torchcomms.optable.spec import Op, OpName
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,7 +312,12 @@ PRE_HOOK_ARG_TYPES = (
 _GENERATED: dict[str, type] = {}
 
 
-def pre_hook_class(entry: optable.Op) -> type:
+def _camel(name: OpName) -> str:
+    """As upstream's class names spell an op: ``AllReduce`` for ``all_reduce``."""
+    return "".join(w.capitalize() for w in name.name.split("_"))
+
+
+def pre_hook_class(entry: Op) -> type:
     """The op's pre-hook argument class: upstream's (``AllReducePreHookArgs``), or for an
     op upstream names none for, one made from its ``hook`` arguments and ``async_op``."""
     name = entry.hook_class_name
@@ -327,7 +331,10 @@ def pre_hook_class(entry: optable.Op) -> type:
 #: The post-hook argument class of each collective and point-to-point op (upstream's:
 #: ``AllReducePostHookArgs`` for ``all_reduce``).
 POST_HOOK_ARGS_BY_OP: dict[OpName, type[CollectivePostHookArgs]] = {
-    e.name: globals().get(e.camel + "PostHookArgs", CollectivePostHookArgs) for e in optable.OPS
+    name: found
+    for name in OpName
+    if isinstance(found := globals().get(_camel(name) + "PostHookArgs"), type)
+    and issubclass(found, CollectivePostHookArgs)
 }
 
 #: Upstream's stub aliases: what a pre-hook / post-hook may receive.

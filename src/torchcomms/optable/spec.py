@@ -11,7 +11,7 @@ import enum
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from torchcomms.optable import checks
 
@@ -33,7 +33,6 @@ __all__ = [
     "Op",
     "OpName",
     "Side",
-    "declared",
     "op",
 ]
 
@@ -213,10 +212,6 @@ def _side(side: str | Side) -> Side:
 def _add(entry: Op) -> None:
     OPS.append(entry)
     BY_NAME[entry.name] = entry
-
-
-def declared() -> NoReturn:
-    raise RuntimeError("optable: a declaration runs only until comm_ops replaces it")
 
 
 #: A batch of sends and receives (``batch_op_create().issue()``): issued by ``BatchSendRecv``,
