@@ -1407,7 +1407,7 @@ def test_bridge_argument_errors() -> None:
         pg.allreduce([t], c10d.BroadcastOptions())
     with pytest.raises(RuntimeError, match="allgather_coalesced: 2 output lists for 1 inputs"):
         pg.allgather_coalesced([[t], [t]], [t])
-    from torchcomms._backend_wrapper import _even_splits
+    from torchcomms.bridge.args import _even_splits
 
     assert _even_splits(torch.ones(4, 2), 2) == [2, 2]  # one split list given: the other even
     with pytest.raises(RuntimeError, match="3 rows cannot be split evenly across 2 ranks"):

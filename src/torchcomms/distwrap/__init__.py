@@ -15,7 +15,7 @@ names upstream re-exports, and ``P2POp``.
 
 Imports: ``torch``, ``torch.distributed`` (at module level: this package is never imported
 while torch.distributed initialises, nor by ``torchcomms/__init__``; ``from torchcomms import
-distwrap`` loads it on demand), the bridge (``_backend_wrapper``, ``_c10d``), ``device_mesh``
+distwrap`` loads it on demand), the bridge (``_backend_wrapper``, ``bridge``), ``device_mesh``
 (to register a split group), ``comm``, ``objcol``, ``types`` and ``work``.  Nothing in
 torchcomms imports distwrap.
 """
