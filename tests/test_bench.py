@@ -30,8 +30,9 @@ import torch
 from tests import shared_jobs
 from tests.harness import REPO_ROOT, SRC_DIR, RankContext, run_ranks, timeout_scale
 from torchcomms import new_comm
-from torchcomms.bench import cli, launch, metrics, ops, report
-from torchcomms.bench.ops import OPS, CaseParams
+from torchcomms.bench import cases as ops
+from torchcomms.bench import cli, launch, metrics, report
+from torchcomms.bench.cases import OPS, CaseParams
 
 CPU = torch.device("cpu")
 ALL_OPS = list(OPS)

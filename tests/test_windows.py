@@ -381,7 +381,7 @@ def test_weight_sync_example_runs_under_torchrun() -> None:
 
 def _bench_cases(ctx: RankContext) -> list[str]:
     """The bench's put/get cases: correct output -> #wrong 0; corrupted -> seen."""
-    from torchcomms.bench import ops
+    from torchcomms.bench import cases as ops
 
     comm = new_comm("gloo", CPU, name="win_bench_check", store=ctx.store)
     seen = []

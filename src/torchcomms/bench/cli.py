@@ -13,7 +13,8 @@ import importlib.util
 import os
 import sys
 
-from torchcomms.bench import launch, metrics, ops, runner
+from torchcomms.bench import cases as ops
+from torchcomms.bench import launch, metrics, runner
 from torchcomms.bench import mpi as mpib
 
 DEFAULTS = {"min_bytes": "8", "max_bytes": "16M", "factor": 8, "iters": 20, "warmup": 5}

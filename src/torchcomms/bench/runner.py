@@ -31,7 +31,7 @@ from torchcomms.backends.cpu import bootstrap
 from torchcomms.bench import env as envmod
 from torchcomms.bench import memprobe, metrics, report
 from torchcomms.bench import mpi as mpib
-from torchcomms.bench.ops import DTYPES, CaseParams, OpSpec
+from torchcomms.bench.cases import DTYPES, CaseParams, OpSpec
 from torchcomms.transport import listen
 from torchcomms.transport.gloo import process_group as gloo
 

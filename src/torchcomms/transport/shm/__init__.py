@@ -1,7 +1,8 @@
 """Shared memory between the processes of one host.
 
 * ``segment``: segment files (create 0600, attach, unlink, sweep stale ones);
-* ``channel``: a communicator's segment layout, sequence flags, rounds and waits;
+* ``layout``: where flags and slots sit in a communicator's segment;
+* ``channel``: a communicator's sequence flags, rounds and waits;
 * ``p2p``: point-to-point, a two-slot ring per ordered pair;
 * ``futex``: Linux futex wait/wake on shared memory (the doorbell).
 

@@ -59,7 +59,8 @@ from torchcomms.ranks import RankMessage, Ranks
 from torchcomms.runtime.deadline import Deadline
 from torchcomms.transport import cma
 from torchcomms.transport.errors import WaitError
-from torchcomms.transport.shm.channel import ACKED, PMETA0, SENT, ShmChannel
+from torchcomms.transport.shm.channel import ShmChannel
+from torchcomms.transport.shm.layout import ACKED, PMETA0, SENT
 
 _NO_TAG = -1
 #: Messages from this size take the rendezvous (the module docstring) where it can run.

@@ -61,6 +61,7 @@ from torchcomms.transport.tcp.wire import (
     InConn,
     OutConn,
     Transfer,
+    deliver,
     hello,
 )
 
@@ -181,7 +182,7 @@ class P2P:
                 for i, (t, data) in enumerate(early):
                     if t == tag:
                         del early[i]
-                        _deliver(op, data)
+                        deliver(op, data)
                         return op
             gone = self._gone.get(peer)
             if gone is not None:
@@ -586,16 +587,3 @@ def _all_done(ops: list[Transfer]) -> bool:
         if not op.done:
             return False
     return True
-
-
-def _deliver(op: Transfer, data: bytearray | memoryview) -> None:
-    """(``_lock`` held) A whole message, into its receive (or the receive fails on a
-    size mismatch)."""
-    if len(data) != op.length:
-        op.error = LaneProtocolError(
-            f"a receive of {op.length} B from rank {op.peer} met a message of {len(data)} B "
-            f"(tag {op.tag})"
-        )
-    elif op.length:
-        op.view[:] = data
-    op.done = True

@@ -12,6 +12,8 @@ import socket
 import struct
 import time
 
+from torchcomms.transport.tcp.lane import LaneProtocolError
+
 HEAD = struct.Struct("<Qq")
 U32 = struct.Struct("<I")
 GOODBYE = (1 << 64) - 1
@@ -114,3 +116,16 @@ def hello(conn: socket.socket, token: str) -> int | None:
         return int(words[2])
     except ValueError:
         return None
+
+
+def deliver(op: Transfer, data: bytearray | memoryview) -> None:
+    """A whole message, into its receive (or the receive fails on a size mismatch); the
+    caller holds the engine's lock (``P2P._lock``)."""
+    if len(data) != op.length:
+        op.error = LaneProtocolError(
+            f"a receive of {op.length} B from rank {op.peer} met a message of {len(data)} B "
+            f"(tag {op.tag})"
+        )
+    elif op.length:
+        op.view[:] = data
+    op.done = True

@@ -9,7 +9,7 @@ member's own host (what local death detection watches) come separately, where th
 needed:
 
 * every member on one host (shm): from the shared segment, where rank 0 writes them
-  (``transport.shm.channel.pid_words``): no store bytes but rank 0's;
+  (``transport.shm.layout.pid_words``): no store bytes but rank 0's;
 * otherwise (tcp, hierarchical): ``host/pids/<host>``, this host's pids only (O(ranks per
   host)), which its leader writes.
 

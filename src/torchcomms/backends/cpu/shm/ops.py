@@ -39,10 +39,9 @@ from torchcomms.transport.shm.channel import (
     STATE_FAILED,
     STATE_FINALIZED,
     STATE_TIMED_OUT,
-    Layout,
     ShmChannel,
-    pid_words,
 )
+from torchcomms.transport.shm.layout import Layout, pid_words
 from torchcomms.transport.shm.p2p import ShmP2P, Transfer
 from torchcomms.transport.wait_policy import WaitPolicy
 from torchcomms.types import P2POp, P2POpType, RedOpType, ReduceOp
