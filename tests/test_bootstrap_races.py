@@ -245,20 +245,20 @@ def _rank0_leaves_mid_connect(ctx: RankContext) -> dict[str, Any]:
     os.environ["TORCHCOMM_HOST_ID"] = f"simulated-host-{ctx.rank}"
     hints = {"transport": "shm"} if ctx.rank == 0 else {}
     if ctx.rank == 1:
-        opened = select.open_transport
+        opened = select.open_ops
 
         def late(*args: Any, **kwargs: Any) -> Any:
             time.sleep(1.0)
             return opened(*args, **kwargs)
 
-        select.open_transport = late  # type: ignore[assignment]
+        select.open_ops = late  # type: ignore[assignment]
     start = time.monotonic()
     try:
         with pytest.raises(Exception) as info:
             new_comm("gloo", CPU, name="leaves", store=ctx.store, timeout=OK_TIMEOUT, hints=hints)
     finally:
         if ctx.rank == 1:  # the worker runs other tests next: every connect would wait 1 s
-            select.open_transport = opened  # type: ignore[assignment]
+            select.open_ops = opened  # type: ignore[assignment]
     error = info.value
     return {
         "type": type(error).__name__,
@@ -285,7 +285,7 @@ def _rank0_dies_mid_connect(ctx: RankContext) -> None:
     too (so both know each other's pid), while rank 1, held back one second, still has
     store waits ahead.  (Dying earlier, while rank 1 still reads the identities, rank 0
     cannot be told dead from gone: that is the ``CommError`` case above.)"""
-    opened = select.open_transport
+    opened = select.open_ops
 
     def step(*args: Any, **kwargs: Any) -> Any:
         if ctx.rank == 0:
@@ -295,7 +295,7 @@ def _rank0_dies_mid_connect(ctx: RankContext) -> None:
         time.sleep(1.0)
         return opened(*args, **kwargs)
 
-    select.open_transport = step  # type: ignore[assignment]
+    select.open_ops = step  # type: ignore[assignment]
     new_comm("gloo", CPU, name="dies", store=ctx.store, timeout=OK_TIMEOUT)
     raise AssertionError("new_comm returned with rank 0 dead")
 

@@ -10,7 +10,7 @@ good if a name is missing.  When the user imports ``torchcomms`` first, that loo
 middle of this ``__init__``: the names PyTorch takes from the package itself are therefore
 served by ``__getattr__`` (defined before anything imports torch) until the imports below bind
 them, and the submodules it takes names from import whole on their own.  So import order never
-matters (``_import_guard`` covers a broken install and a late ``sys.path``).
+matters (``bridge.import_guard`` covers a broken install and a late ``sys.path``).
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@
 hooks, resolves the per-op timeout, owns the communicator's state machine
 (``torchcomms.runtime.state``: ready → error → aborted / finalized, plus uninitialized in
 reconfigure mode) and forwards to its backend through the one typed interface
-``CommBackend``.  It never touches bytes.  The layers: ``comm_core`` (state, hooks,
-the issue path), ``comm_ops`` (every operation), ``comm_persistent`` (the persistent
-all-gather), and here the lifecycle, ``split`` and the GPU-only getters.
+``CommBackend``.  It never touches bytes.  The layers: ``comm.core`` (state, hooks,
+the issue path), ``optable.methods`` (every operation, through ``comm.ops``),
+``comm.persistent`` (the persistent all-gather), and here the lifecycle, ``split`` and the
+GPU-only getters.
 
 Thread-safety follows upstream: a communicator is meant to be driven by one thread;
 ``op_id`` allocation and hook registration are thread-safe.

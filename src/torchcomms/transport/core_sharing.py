@@ -4,7 +4,7 @@ Why: when nothing pins the ranks (``torchrun``, ``mp.spawn``), the scheduler som
 two ranks of a small host on one core and keeps them there while another core idles: a
 rank that spins or yields never looks idle, so the balancer leaves it where its cache is.
 Every hand-over between them then costs ~150 us instead of a few, and the p99 of small ops
-jumps 5-30x (``docs/benchmark.md``, bimodal cells).  Pinning cures it
+jumps 5-30x (``docs/benchmark.md``, "Ranks that share a core").  Pinning cures it
 (``TORCHCOMM_CPU_AFFINITY=spread``) but pins the user's process for good.
 
 The remedy here is lighter.  When a wait outlasts its spin phase, the waiting thread

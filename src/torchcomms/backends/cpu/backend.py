@@ -157,7 +157,7 @@ class TorchCommGloo(CpuDispatch):
         )
         self._peers = members.peers()
         try:
-            self._ops = select.open_transport(
+            self._ops = select.open_ops(
                 config.transport(options.hints.get("transport")),
                 store.store,
                 name,
@@ -418,7 +418,7 @@ class TorchCommGloo(CpuDispatch):
         once, learns it was a revoke, and passes it on the same way.
         """
         where = f"[TorchCommGloo comm={self._name} rank={self._rank}] revoke: "
-        ops = self._transport()
+        ops = self._connected_ops()
         store = self._recovery_store()
         liveness.within(1.0, lambda: store.set("revoked", str(self._rank)), "revoke")
         error = CommRevokedError(f"{where}rank {self._rank} revoked the communicator")
@@ -460,7 +460,7 @@ class TorchCommGloo(CpuDispatch):
     def new_window(self, tensor: torch.Tensor | None = None) -> CpuWindow:
         """A window matched across ranks by creation order (``cpu.window``); ``TorchComm``
         registers ``tensor`` through the public window (validation first)."""
-        self._transport()
+        self._connected_ops()
         me = self._peers[self._rank][0]
         shm = config.transport(self._hints.get("transport")) != "tcp"
         shm = shm and shm_ops.unsupported_reason() is None
@@ -471,7 +471,7 @@ class TorchCommGloo(CpuDispatch):
             unified=[shm and host == me for host, _ in self._peers],
             run=self._run,
             prefix=self._prefix,
-            ops=self._transport,
+            ops=self._connected_ops,
             net=self._net,
         )
         self._window_count += 1
@@ -566,7 +566,7 @@ class TorchCommGloo(CpuDispatch):
             self.report_failure(error)
         return error
 
-    def _transport(self) -> CpuOps:
+    def _connected_ops(self) -> CpuOps:
         ops = self._ops
         if ops is None:
             raise CommStateError(f"[TorchCommGloo comm={self._name}] TorchCommGloo not initialized")

@@ -1,6 +1,6 @@
 """``CpuDispatch``: every op of the CPU backend as one dispatch to its transport.
 
-Each op picks the connected transport's ``CpuOps`` (``_transport``) and hands the op, as a
+Each op picks the connected transport's ``CpuOps`` (``_connected_ops``) and hands the op, as a
 body taking its deadline, to the execution plumbing here (``_run``: issue order, sync inline
 on the caller's thread or async on the comm's executor thread).  The hot ops (all_reduce,
 broadcast, barrier, send, recv) are written out for their sync fast path; every
@@ -55,7 +55,7 @@ def _cold_op(entry: optable.Op) -> Callable[..., TorchWork]:
     method = entry.method
 
     def dispatch(self: CpuDispatch, *args: Any) -> TorchWork:  # (*op's, async_op, options)
-        body = getattr(self._ops or self._transport(), method)
+        body = getattr(self._ops or self._connected_ops(), method)
         return self._run(args[-1], args[-2], body, args[:-2])
 
     dispatch.__name__ = method
@@ -68,7 +68,7 @@ class CpuDispatch(CommBackend):
 
     It owns the connected transport (``_ops``) and the executor that keeps issue order
     (``_executor``), both ``None`` until its subclass connects; the subclass names errors
-    (``_prefix``, ``_translate``) and says which transport serves an op (``_transport``)."""
+    (``_prefix``, ``_translate``) and says which transport's ops serve an op (``_connected_ops``)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -76,7 +76,7 @@ class CpuDispatch(CommBackend):
         self._executor: OpExecutor | None = None
 
     @abc.abstractmethod
-    def _transport(self) -> CpuOps: ...
+    def _connected_ops(self) -> CpuOps: ...
 
     @abc.abstractmethod
     def _prefix(self, opts: OpOptions) -> str: ...
@@ -173,7 +173,7 @@ class CpuDispatch(CommBackend):
     def all_reduce(
         self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, options: OpOptions
     ) -> TorchWork:
-        ops = self._ops or self._transport()
+        ops = self._ops or self._connected_ops()
         if async_op:
             return self._run(options, True, ops.all_reduce, (tensor, op))
         free = not tensor.requires_grad and op._factor is None
@@ -182,14 +182,14 @@ class CpuDispatch(CommBackend):
     def broadcast(
         self, tensor: torch.Tensor, root: int, async_op: bool, options: OpOptions
     ) -> TorchWork:
-        ops = self._ops or self._transport()
+        ops = self._ops or self._connected_ops()
         if async_op:
             return self._run(options, True, ops.broadcast, (tensor, root))
         free = not tensor.requires_grad
         return self._run_sync(options, ops.broadcast, (tensor, root), (), free)
 
     def barrier(self, async_op: bool, options: OpOptions) -> TorchWork:
-        ops = self._ops or self._transport()
+        ops = self._ops or self._connected_ops()
         if async_op:
             return self._run(options, True, ops.barrier)
         return self._run_sync(options, ops.barrier, (), (), True)
@@ -199,7 +199,7 @@ class CpuDispatch(CommBackend):
         self, output: torch.Tensor, options: OpOptions
     ) -> allgather_p.Registration:
         """Collective: the members agree on the registered outputs' size and dtype."""
-        ops = self._transport()
+        ops = self._connected_ops()
         mine = allgather_p.descriptor(output)
         table = torch.empty(2 * ops.size, dtype=torch.int64)
         self._run_sync(options, ops.all_gather_single, (table, mine), (), True)
@@ -216,7 +216,7 @@ class CpuDispatch(CommBackend):
         output = registration.output
         if output is None:  # TorchComm refuses a freed handle first; a plain backend call may not
             raise CommValidationError(f"{self._prefix(options)}the handle was freed")
-        ops = self._transport()
+        ops = self._connected_ops()
         return self._run(options, async_op, ops.all_gather_single, (output, input))
 
     def all_gather_p_free(self, registration: allgather_p.Registration) -> None:
@@ -224,7 +224,7 @@ class CpuDispatch(CommBackend):
 
     # -- point-to-point ------------------------------------------------------------------------
     def _p2p(self, p2p_ops: list[P2POp], async_op: bool, options: OpOptions) -> TorchWork:
-        ops = self._transport()
+        ops = self._connected_ops()
         tag = _tag_hint(options.hints)
         live = [op for op in p2p_ops if op.tensor.numel() > 0]
 
@@ -236,14 +236,14 @@ class CpuDispatch(CommBackend):
     def send(self, tensor: torch.Tensor, dst: int, async_op: bool, options: OpOptions) -> TorchWork:
         if async_op or options.hints or not tensor.numel():
             return self._p2p([P2POp(P2POpType.SEND, tensor, dst)], async_op, options)
-        ops = self._ops or self._transport()  # one untagged sync message: the latency path
+        ops = self._ops or self._connected_ops()  # one untagged sync message: the latency path
         free = not tensor.requires_grad
         return self._run_sync(options, ops.transfer, (True, tensor, dst), (dst,), free)
 
     def recv(self, tensor: torch.Tensor, src: int, async_op: bool, options: OpOptions) -> TorchWork:
         if async_op or options.hints or not tensor.numel():
             return self._p2p([P2POp(P2POpType.RECV, tensor, src)], async_op, options)
-        ops = self._ops or self._transport()
+        ops = self._ops or self._connected_ops()
         free = not tensor.requires_grad
         return self._run_sync(options, ops.transfer, (False, tensor, src), (src,), free)
 

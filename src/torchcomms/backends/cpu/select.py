@@ -60,7 +60,7 @@ def check_settings(hints: Mapping[str, str]) -> None:
     config.liveness_period_s()
 
 
-def open_transport(
+def open_ops(
     mode: str,
     store: c10d.Store,
     name: str,
