@@ -105,7 +105,7 @@ def test_enabled_needs_the_patch_flag(
 
 def test_unset_in_this_process() -> None:
     """The pytest process imported torchcomms without the flag: nothing was installed."""
-    from torchcomms import comm
+    from torchcomms.comm import communicator as comm
 
     assert comm._comm_class is comm.TorchComm
     assert not hasattr(torch.ops.torchcomms, "torchcomm_all_reduce_")
