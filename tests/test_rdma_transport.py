@@ -18,8 +18,8 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import gc
+import json
 import os
 import pickle
 import queue
