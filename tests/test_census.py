@@ -35,20 +35,24 @@ def _members(
 ) -> Iterator[dict[int, Liveness]]:
     """A ``Liveness`` per rank not ``silent`` or ``gone``; a silent rank's address is a
     listener that accepts and never reads (as a stopped process's would), a gone rank's a
-    port nobody listens on any more (as an exited process's)."""
+    port nobody listens on (as an exited process's)."""
     store = store_counts.CountingStore(dist.HashStore())
     peers = [("host-a", os.getpid())] * size
     made: dict[int, Liveness] = {}
     mute: list[socket.socket] = []
     try:
         for r in range(size):
-            if r in silent or r in gone:
+            if r in silent:
                 sock = socket.create_server(("127.0.0.1", 0))
                 store.set(f"addr/{r}", f"127.0.0.1:{sock.getsockname()[1]}")
-                if r in gone:
-                    sock.close()
-                else:
-                    mute.append(sock)
+                mute.append(sock)
+            elif r in gone:
+                # Bound, never listening: connecting is refused, and no listener made later
+                # in this process can take the port over (a closed port could be reused).
+                sock = socket.socket()
+                sock.bind(("127.0.0.1", 0))
+                store.set(f"addr/{r}", f"127.0.0.1:{sock.getsockname()[1]}")
+                mute.append(sock)
             else:
                 made[r] = Liveness(store, r, peers, f"census{r}", PERIOD_S)
         yield made
