@@ -75,7 +75,8 @@ def _forwarder_class(group_type: type) -> type:
     if group_type not in _forwarders:
         members: dict[str, Any] = {
             name: _forwarding(name)
-            for name, value in vars(group_type).items()
+            for klass in group_type.__mro__  # the calls live in a base (``C10dCalls``)
+            for name, value in vars(klass).items()
             if getattr(value, "_seen_by_dispatch_modes", False)
         }
 
