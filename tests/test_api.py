@@ -1187,9 +1187,9 @@ def test_import_after_torch_distributed_in_fresh_interpreter() -> None:
     assert "FRESH-IMPORT-OK" in proc.stdout
 
 
-def test_an_op_upstream_names_no_hook_class_for_gets_a_generated_one() -> None:
-    """``hook_args.pre_hook_class``: upstream's class where it has one; else a frozen class of
-    the op's pre-hook arguments and ``async_op``, made once."""
+def test_every_op_has_its_pre_hook_class() -> None:
+    """``hook_args.pre_hook_class``: each op's class (upstream's name), a field per pre-hook
+    argument then ``async_op``; an op without one is refused, naming what it needs."""
     import dataclasses
     from types import SimpleNamespace
 
@@ -1198,12 +1198,19 @@ def test_an_op_upstream_names_no_hook_class_for_gets_a_generated_one() -> None:
 
     all_reduce = optable.BY_NAME[optable.OpName.all_reduce]
     assert hook_args.pre_hook_class(all_reduce) is hook_args.AllReducePreHookArgs
-    entry = SimpleNamespace(
-        hook_class_name="ScatterSinglePreHookArgs", hook=("input", "output", "root")
+    for entry in optable.OPS:
+        cls = hook_args.pre_hook_class(entry)
+        assert cls.__name__ == entry.hook_class_name
+        assert [f.name for f in dataclasses.fields(cls)][-1] == "async_op", entry.method
+    missing = SimpleNamespace(
+        method="scatter_single",
+        hook_class_name="ScatterSinglePreHookArgs",
+        hook=("input", "output", "root"),
     )
-    cls = hook_args.pre_hook_class(entry)  # type: ignore[arg-type]
-    args = cls(1, 2, 0, False)
-    assert (args.input, args.output, args.root, args.async_op) == (1, 2, 0, False)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        args.root = 1
-    assert hook_args.pre_hook_class(entry) is cls  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match=r"needs hook_args\.ScatterSinglePreHookArgs"):
+        hook_args.pre_hook_class(missing)  # type: ignore[arg-type]
+    short = SimpleNamespace(
+        method="all_reduce", hook_class_name="AllReducePreHookArgs", hook=("tensor", "op")
+    )
+    with pytest.raises(RuntimeError, match="a field per pre-hook argument"):
+        hook_args.pre_hook_class(short)  # type: ignore[arg-type]

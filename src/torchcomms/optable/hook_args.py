@@ -7,7 +7,7 @@ so ``isinstance(args, CollectivePostHookArgs)`` holds either way).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, make_dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -309,8 +309,6 @@ PRE_HOOK_ARG_TYPES = (
     FinalizePreHookArgs,
 )
 
-_GENERATED: dict[str, type] = {}
-
 
 def _camel(name: OpName) -> str:
     """As upstream's class names spell an op: ``AllReduce`` for ``all_reduce``."""
@@ -318,13 +316,15 @@ def _camel(name: OpName) -> str:
 
 
 def pre_hook_class(entry: Op) -> type:
-    """The op's pre-hook argument class: upstream's (``AllReducePreHookArgs``), or for an
-    op upstream names none for, one made from its ``hook`` arguments and ``async_op``."""
-    name = entry.hook_class_name
-    found = globals().get(name) or _GENERATED.get(name)
-    if found is None:
-        found = make_dataclass(name, [*entry.hook, "async_op"], frozen=True, slots=True)
-        _GENERATED[name] = found
+    """The op's pre-hook argument class (``AllReducePreHookArgs`` for ``all_reduce``): the
+    one its method in ``optable.methods`` builds, with a field per ``hook`` argument, then
+    ``async_op``."""
+    found = globals().get(entry.hook_class_name)
+    if not isinstance(found, type) or len(fields(found)) != len(entry.hook) + 1:
+        raise RuntimeError(
+            f"optable: {entry.method} needs hook_args.{entry.hook_class_name} with a field per "
+            f"pre-hook argument {entry.hook} and then async_op"
+        )
     return found
 
 
