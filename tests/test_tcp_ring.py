@@ -2,9 +2,9 @@
 
 Real processes over real sockets (``TORCHCOMM_TRANSPORT=tcp``), past the inline limit:
 
-* all_reduce, reduce_scatter, all_gather, broadcast and all_to_all at worlds 2-4, with element
-  counts that do not split evenly, every reduce op and several dtypes, compared bit for
-  bit with a locally computed oracle (integer-valued data, so float sums are exact);
+* all_reduce, reduce (to every root), reduce_scatter, all_gather, broadcast and all_to_all
+  at worlds 2-4, with element counts that do not split evenly, every reduce op and several
+  dtypes, compared bit for bit with a locally computed oracle (integer-valued data, so float sums are exact);
   broadcast from every root, through segments when there are ranks in the middle;
   all_gather whose input is its own slot of the output; all_to_all (one exchange on the
   lane at two ranks) in place on one rank only.
@@ -68,6 +68,16 @@ def _ring_ops(ctx: RankContext) -> dict[str, int]:
         comm.all_reduce(t, op, False)
         assert torch.equal(t, want), op
         checked += 1
+    # reduce to every root: the root gets the oracle, the other ranks' tensors are only read
+    for root in range(n):
+        for dtype, name in ((torch.float32, "SUM"), (torch.int64, "MAX"), (torch.float32, "AVG")):
+            op, oracle = _REDUCE[name]
+            rows = torch.stack([_data(q, COUNT, dtype) for q in range(n)])
+            t = _data(r, COUNT, dtype)
+            comm.reduce(t, root, op, False)
+            want = oracle(rows.double()).to(dtype) if r == root else _data(r, COUNT, dtype)
+            assert torch.equal(t, want), (root, name, dtype)
+            checked += 1
     # reduce_scatter: each rank's COUNT-element slice of the sum of n*COUNT inputs
     full = torch.stack([_data(q, n * COUNT, torch.int64) for q in range(n)]).sum(0)
     out = torch.empty(COUNT, dtype=torch.int64)

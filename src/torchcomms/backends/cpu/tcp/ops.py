@@ -10,7 +10,7 @@ between ranks (it aborts the process on those).
   header exchange: the payload rides in the header's row, and reductions run locally in
   rank order where that cannot change a bit of gloo's result (exact dtypes, order-free
   ops, or two float32/64 operands).
-* Large all_reduce, reduce_scatter, all_gather and broadcast run on the lane's ring
+* Large all_reduce, reduce, reduce_scatter, all_gather and broadcast run on the lane's ring
   (``cpu.tcp.ring_ops``), the header in their first frame.
 * The rest call gloo after a header exchange (``TORCHCOMM_MISMATCH_CHECK=0`` drops it).
 
@@ -268,6 +268,9 @@ class TcpOps(CpuOps):
                 if self.rank == root:
                     self._reduce_rows(host, op)
                     finish_average(host, op, self.size)
+                return
+            if self.rings.fits(host, self.size):
+                self.rings.reduce(host.view(-1), root, op, fp, deadline)
                 return
             self.enter(fp, deadline)
             if host.numel():

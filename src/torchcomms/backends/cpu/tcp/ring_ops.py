@@ -1,6 +1,6 @@
 """``RingOps``: the tcp path's large collectives on the lane's ring (``transport/tcp/ring``).
 
-Past the inline limit, all_reduce, reduce_scatter, all_gather and broadcast move their
+Past the inline limit, all_reduce, reduce, reduce_scatter, all_gather and broadcast move their
 bytes over the lane's round-0 connections instead of gloo: no thread hand-offs, no
 staging copy, and the op's header (``cpu.tcp.exchange``) rides in the first frame, so the
 mismatch check costs no extra round trip.  A rank sees only its neighbour's header; a
@@ -8,6 +8,8 @@ difference is announced around the ring and made whole by ``cpu.tcp.mismatch``.
 
 * all_reduce: ring reduce-scatter (partial sums in scratch, so the caller's tensor is
   untouched until every header passed) then all-gather into the tensor.
+* reduce: the reduce-scatter half, then the reduced chunks to the root (two ranks: one
+  way; more: the all-gather half, into scratch off the root).
 * reduce_scatter: the reduce-scatter half, partial sums in scratch (the input is the
   caller's).
 * all_gather: the all-gather half, straight into the output; this rank's own chunk is
@@ -85,6 +87,7 @@ class RingOps:
         self._waiter = waiter
         self._begin = begin
         self._check = check
+        self._spare_bytes = torch.empty(0, dtype=torch.uint8)
 
     def fits(self, tensor: torch.Tensor, chunks: int = 1) -> bool:
         """Whether an op on ``tensor`` (cut into ``chunks``) runs here."""
@@ -111,6 +114,42 @@ class RingOps:
             self.ring.all_gather(flat, plan, None, None, between, own=own)
         flat[first : first + k].copy_(own)
         finish_average(flat, op, self.size)
+
+    def reduce(
+        self, flat: torch.Tensor, root: int, op: ReduceOp, fp: Fingerprint, deadline: Deadline
+    ) -> None:
+        """The reduce-scatter half, then every reduced chunk to the root: with two ranks the
+        peer sends its chunk one way (nothing comes back); with more, the all-gather half
+        into scratch on the ranks that are not the root (their tensor is only read)."""
+        header, check, between = self._enter(fp, "reduce", deadline)
+        plan = spans(flat.numel(), self.size)
+        first, k = plan[self.rank]
+        src = flat * op.factor_value() if op.type is RedOpType.PREMUL_SUM else flat
+        own = self.ring.scratch(flat.dtype, max(n for _, n in plan), 3)[:k]
+        is_root = self.rank == root
+        with self._lane_errors("reduce"):
+            self.ring.reduce_scatter(src, own, combiner(op, flat.dtype), header, check, between)
+            if self.size == 2:
+                theirs_first, theirs_k = plan[1 - self.rank]
+                into = flat[theirs_first : theirs_first + theirs_k]
+                if is_root:
+                    self.ring.step(None, as_bytes(into), None, None, between, header_in=False)
+                else:
+                    self.ring.step(as_bytes(own), None, None, None, between)
+            else:
+                dst = flat if is_root else self._spare(flat)
+                self.ring.all_gather(dst, plan, None, None, between, own=own)
+        if is_root:
+            flat[first : first + k].copy_(own)
+            finish_average(flat, op, self.size)
+
+    def _spare(self, like: torch.Tensor) -> torch.Tensor:
+        """A reused buffer shaped as ``like`` that a non-root rank's gather lands in (a new
+        allocation per op would cost its page faults, as much as the copy itself)."""
+        need = like.numel() * like.element_size()
+        if self._spare_bytes.numel() < need:
+            self._spare_bytes = torch.empty(need, dtype=torch.uint8)
+        return self._spare_bytes[:need].view(like.dtype)
 
     def reduce_scatter(
         self,
