@@ -12,6 +12,9 @@ between ranks (it aborts the process on those).
   ops, or two float32/64 operands).
 * Large all_reduce, reduce, reduce_scatter, all_gather and broadcast run on the lane's ring
   (``cpu.tcp.ring_ops``), the header in their first frame.
+* all_to_all past the inline limit: two ranks, equal parts: one exchange on the ring;
+  otherwise a header exchange, then every part at once over the point-to-point
+  connections (``cpu.tcp.direct``).
 * The rest call gloo after a header exchange (``TORCHCOMM_MISMATCH_CHECK=0`` drops it).
 
 **Waits** (``cpu.tcp.waits``).  A gloo wait runs in short slices; between them it checks the
@@ -20,9 +23,8 @@ or an abort is seen within a slice by every survivor, and a timeout names the ra
 never entered the op.  gloo's own timeouts are a backstop past the deadline.
 
 Reductions gloo lacks (AVG, PREMUL_SUM) and the variable-size collectives are composed
-here from gloo primitives.  Point-to-point ops are posted to ``transport.tcp.p2p`` without
-blocking and waited on by the returned completion, so mutually dependent send/recv pairs cannot deadlock.  Runs on the op's
-thread (see ``cpu.ops``); ``abort`` on any thread.
+here from gloo primitives.  Point-to-point ops (``cpu.tcp.direct``) go over
+``transport.tcp.p2p``.  Runs on the op's thread (see ``cpu.ops``); ``abort`` on any thread.
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ from typing import Any
 import torch
 import torch._C._distributed_c10d as c10d
 
-from torchcomms.backends.cpu.host_arrays import UserBytes, mark_written
-from torchcomms.backends.cpu.ops import Completion, CpuOps
+from torchcomms.backends.cpu.host_arrays import UserBytes
+from torchcomms.backends.cpu.ops import CpuOps
 from torchcomms.backends.cpu.reductions import reduce_rows
 from torchcomms.backends.cpu.staging import finish_average, on_host, overlaps
+from torchcomms.backends.cpu.tcp.direct import TcpDirect
 from torchcomms.backends.cpu.tcp.exchange import Exchange
 from torchcomms.backends.cpu.tcp.liveness import Liveness
 from torchcomms.backends.cpu.tcp.mismatch import MismatchReport
@@ -49,13 +52,9 @@ from torchcomms.runtime.deadline import Deadline
 from torchcomms.runtime.fingerprint import Fingerprint
 from torchcomms.transport.gloo import process_group as gloo
 from torchcomms.transport.procs import process_alive
-from torchcomms.transport.tcp.lane import Lane, LanePeerGone
-from torchcomms.transport.tcp.p2p import P2P, Transfer
-from torchcomms.transport.tcp.ring import as_bytes
-from torchcomms.types import P2POp, P2POpType, RedOpType, ReduceOp
-
-# gloo tags are 32-bit: sequence numbers and user tags wrap within 2**30 (even / odd halves).
-_TAG_SPAN = 2**30
+from torchcomms.transport.tcp.lane import Lane
+from torchcomms.transport.tcp.p2p import P2P
+from torchcomms.types import RedOpType, ReduceOp
 
 _EXACT_ORDER_FREE = (RedOpType.MAX, RedOpType.MIN, RedOpType.BAND, RedOpType.BOR)
 
@@ -63,16 +62,6 @@ _EXACT_ORDER_FREE = (RedOpType.MAX, RedOpType.MIN, RedOpType.BAND, RedOpType.BOR
 #: The payload of an exchange that carries none but must happen (barrier, broadcast's
 #: receivers), whatever ``TORCHCOMM_MISMATCH_CHECK`` says.
 _NOTHING = torch.empty(0)
-_NO_BYTES = memoryview(bytearray())
-
-
-def _received(tensor: torch.Tensor, staged: torch.Tensor) -> None:
-    """A receive into ``staged`` is done: into ``tensor`` if it was a copy, else (written
-    through a byte view) the autograd version bumped, as an in-place op would."""
-    if staged is not tensor:
-        tensor.copy_(staged.view(tensor.shape))
-    else:
-        mark_written((staged,))
 
 
 def _premultiply(tensor: torch.Tensor, op: ReduceOp) -> None:
@@ -84,7 +73,7 @@ def _premultiplied(tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
     return tensor * op.factor_value() if op.type is RedOpType.PREMUL_SUM else tensor
 
 
-class TcpOps(CpuOps):
+class TcpOps(TcpDirect, CpuOps):
     """The flat tcp path: one process group over every member."""
 
     def __init__(
@@ -513,89 +502,12 @@ class TcpOps(CpuOps):
             out = host_out.view(-1)
             src = input.detach().to("cpu").reshape(-1)
             if overlaps(out, src):
-                src = src.clone()  # gloo reads the input while writing the output: never alias
-            o = c10d.AllToAllOptions()
-            self.arm(o, deadline)
-            work = self.pg.alltoall_base(out, src, list(out_splits), list(in_splits), o)
-            self.wait(work, deadline, "all_to_all")
+                src = src.clone()  # the input is read while the output is written: never alias
+            if even:
+                part = count // self.size
+                out_splits = in_splits = [part] * self.size
+            self._all_to_all_direct(out, src, out_splits, in_splits, deadline)
 
     def barrier(self, deadline: Deadline) -> None:
         """The header exchange is a barrier: every rank's header arrives before any returns."""
         self.enter(F.make(F.BARRIER, None, 0), deadline, _NOTHING)
-
-    # -- point-to-point ------------------------------------------------------------------
-    def post(self, ops: Sequence[P2POp], tag: int | None, deadline: Deadline) -> Completion:
-        """Untagged messages use even tags from a per-peer sequence number, tagged ones an
-        odd tag of their own (see ``CpuOps.post``), over ``transport.tcp.p2p``."""
-        return self._post_direct(self.p2p, ops, tag, deadline)
-
-    def unattended(self) -> None:
-        self.p2p.kick()
-
-    def transfer(self, sending: bool, tensor: torch.Tensor, peer: int, deadline: Deadline) -> None:
-        """``_post_direct`` for one untagged message, waited for here (no closures)."""
-        staged = tensor
-        if not (tensor.is_cpu and tensor.is_contiguous()):
-            staged = tensor.detach().to("cpu").contiguous()
-        seqs = self._send_seq if sending else self._recv_seq
-        tag = 2 * (seqs[peer] % _TAG_SPAN)
-        seqs[peer] += 1
-        engine = self.p2p
-        # A non-owning view (cheaper than ``as_bytes``); the op keeps ``staged`` alive.
-        view = self._user_bytes.of(staged) if staged.nbytes else _NO_BYTES
-        if sending:
-            move = engine.post_send(peer, tag, view, staged)
-        else:
-            move = engine.post_recv(peer, tag, view, staged)
-        if not move.done or move.error is not None:  # a send usually went out when posted
-            what = "send" if sending else "recv"
-            waiter = self.waiter
-            try:
-                engine.wait([move], lambda: waiter.check_p2p(deadline, what, [peer]))
-            except LanePeerGone as gone:
-                raise waiter.gone(gone, what) from None
-        if not sending:
-            _received(tensor, staged)
-
-    def _tag(self, op: P2POp, user_tag: int | None) -> int:
-        if user_tag is not None:
-            return 2 * (user_tag % _TAG_SPAN) + 1
-        seqs = self._send_seq if op.type is P2POpType.SEND else self._recv_seq
-        tag = 2 * (seqs[op.peer] % _TAG_SPAN)
-        seqs[op.peer] += 1
-        return tag
-
-    def _post_direct(
-        self, engine: P2P, ops: Sequence[P2POp], user_tag: int | None, deadline: Deadline
-    ) -> Completion:
-        posted: list[tuple[P2POp, Transfer, torch.Tensor]] = []
-        for op in ops:
-            tensor = op.tensor
-            staged = tensor
-            if not (tensor.is_cpu and tensor.is_contiguous()):
-                staged = tensor.detach().to("cpu").contiguous()
-            view = as_bytes(staged)
-            tag = self._tag(op, user_tag)
-            if op.type is P2POpType.SEND:
-                posted.append((op, engine.post_send(op.peer, tag, view), staged))
-            else:
-                posted.append((op, engine.post_recv(op.peer, tag, view), staged))
-        waiter = self.waiter
-        what = "send" if all(op.type is P2POpType.SEND for op in ops) else "recv"
-
-        def complete() -> None:
-            moves: list[Transfer] = [m for _, m, _ in posted]
-
-            def between() -> None:  # the peers still waited for (not those done with)
-                peers = sorted({m.peer for m in moves if not m.done})
-                waiter.check_p2p(deadline, what, peers)
-
-            try:
-                engine.wait(moves, between)
-            except LanePeerGone as gone:
-                raise waiter.gone(gone, what) from None
-            for op, _, staged in posted:
-                if op.type is P2POpType.RECV:
-                    _received(op.tensor, staged)
-
-        return complete
