@@ -6,8 +6,10 @@ factor, the memory-bound ceiling models), the op table's bit-exact checks on rea
 communicators for every op, dtype class and reduction (and that ``#wrong`` sees a corrupted
 output), the launcher's handling of a dying rank, the report and plot writers, and end-to-end
 runs: a 2-rank smoke run whose JSON is checked field by field, a run with the test-only
-``TORCHCOMM_BENCH_CORRUPT=1`` switch that must report ``#wrong > 0`` and exit non-zero, and a
-run under torchrun.  Timing values are never asserted beyond "positive and finite".
+``TORCHCOMM_BENCH_CORRUPT=1`` switch that must report ``#wrong > 0`` and exit non-zero, a
+run under torchrun, and (root with ``ip netns``) runs on simulated hosts (``--hosts``): the wire
+as the ceiling, and no namespace left behind, also after a failing rank.  Timing values are
+never asserted beyond "positive and finite".
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from tests import shared_jobs
 from tests.harness import REPO_ROOT, SRC_DIR, RankContext, run_ranks, timeout_scale
 from torchcomms import new_comm
 from torchcomms.bench import cases as ops
-from torchcomms.bench import cli, launch, metrics, report
+from torchcomms.bench import ceilings, cli, launch, metrics, report
+from torchcomms.bench import hosts as hostsmod
 from torchcomms.bench.cases import OPS, CaseParams
 
 CPU = torch.device("cpu")
@@ -126,6 +129,9 @@ def test_cli_flags_defaults_and_quick_mode() -> None:
         (["--timeout", "0"], "--timeout must be positive"),
         (["--affinity", "everywhere"], "invalid choice: 'everywhere'"),
         (["--load", "-1"], "--load takes a number of processes >= 0 (got -1)"),
+        (["--nproc", "3", "--hosts", "2"], "--nproc 3 is not a multiple of --hosts 2"),
+        (["--hosts", "3"], "--nproc 2 is not a multiple of --hosts 3"),
+        (["--hosts", "0"], "--hosts takes 1 to 254 hosts (got 0)"),
     ],
 )
 def test_cli_bad_arguments_exit_2(
@@ -247,6 +253,44 @@ def test_metric_formulas_and_busbw_factor_per_op() -> None:
     assert s["p99_us"] == pytest.approx(9.79)
 
 
+def test_wire_ceiling_and_which_model() -> None:
+    """Over tcp or across hosts, busbw is held against the wire: algbw <= W / factor, with
+    the duplex stream for ops where every rank sends and receives at once."""
+    assert metrics.wire_ceiling_algbw(2.0, OPS["all_reduce"].busbw_factor(2)) == 2.0
+    assert metrics.wire_ceiling_algbw(3.0, OPS["all_reduce"].busbw_factor(4)) == 2.0  # 1.5
+    assert metrics.wire_ceiling_algbw(1.5, OPS["all_gather"].busbw_factor(4)) == 2.0  # 0.75
+    assert math.isinf(metrics.wire_ceiling_algbw(1.0, 0.0))
+    assert metrics.ceiling_model("shm (2 ranks on this host, 1024 KiB slots)", 1) == "memory"
+    assert metrics.ceiling_model("tcp (loopback: all ranks on this host)", 1) == "wire"
+    assert metrics.ceiling_model("hierarchical: shm inside 2 hosts (2+2 ranks)", 2) == "wire"
+    exchange = {name: spec.exchange for name, spec in OPS.items() if spec.sized}
+    assert exchange == {
+        "all_reduce": True,
+        "all_gather": True,
+        "reduce_scatter": True,
+        "all_to_all": True,
+        "broadcast": False,
+        "reduce": False,
+        "sendrecv": False,  # a ping-pong: one direction at a time
+    }
+    wire = {"simplex_GBps": 3.0, "duplex_GBps": 2.0}
+    assert ceilings.ceiling(OPS["all_reduce"], 4, False, "wire", 30.0, wire) == pytest.approx(
+        2.0 / 1.5
+    )
+    assert ceilings.ceiling(OPS["broadcast"], 4, True, "wire", 30.0, wire) == 3.0
+    assert ceilings.ceiling(OPS["barrier"], 4, False, "wire", 30.0, wire) is None
+    assert ceilings.ceiling(OPS["all_reduce"], 2, True, "wire", 30.0, None) is None
+    assert ceilings.ceiling(OPS["all_reduce"], 2, True, "memory", 22.0, wire) == 2.0  # B/(5N+1)
+    assert "the TCP stream's 2.000 GB/s (duplex" in ceilings.ceiling_text(
+        OPS["all_gather"], 2, "wire", 30.0, wire
+    )
+    # the wire's far end: the last rank on another host than rank 0's, else rank 1
+    assert ceilings.wire_peer(["a"]) is None
+    assert ceilings.wire_peer(["a", "a", "a"]) == 1
+    assert ceilings.wire_peer(["a", "a", "b", "b"]) == 3
+    assert ceilings.wire_peer(["a", "b", "a", "a"]) == 1
+
+
 def test_counts_round_down_like_nccl_tests() -> None:
     for nranks in (2, 3, 4):
         assert OPS["all_reduce"].count_for(1000, nranks, 4) == 250
@@ -335,6 +379,44 @@ def test_launcher_stops_the_others_when_a_rank_dies(monkeypatch: pytest.MonkeyPa
     assert code == 3
     assert sleeper.returncode is not None and sleeper.returncode != 0
     assert time.monotonic() - t0 < 20
+
+
+def test_simulated_host_layout() -> None:
+    """``--hosts``: ranks in blocks, one namespace and address per host, names that fit."""
+    lay = hostsmod.Layout(nproc=4, hosts=2, tag="4194303")  # the largest pid
+    assert [lay.host_of(r) for r in range(4)] == [0, 0, 1, 1] and lay.per_host == 2
+    assert lay.addresses == ["198.18.0.1", "198.18.0.2"]
+    links = [lay.bridge, *(name for h in range(2) for name in lay.veth(h))]
+    assert len(set(links)) == 5 and all(len(name) <= 15 for name in links), links
+    assert len(set(lay.netns)) == 2 and all("4194303" in ns for ns in lay.netns)
+    cmd = lay.command(3, ["-n", "3"])
+    assert cmd[:6] == ["ip", "netns", "exec", lay.netns[1], "unshare", "--uts"]
+    assert cmd[-6:] == [sys.executable, "-m", "torchcomms.bench", "--_worker", "-n", "3"]
+    assert "host1" in cmd
+    base = {"TORCHCOMM_HOST_ID": "x", "MASTER_ADDR": "127.0.0.1", "KEEP": "1"}
+    env = lay.environment(2, base)
+    assert env["MASTER_ADDR"] == "198.18.0.1" and env["TORCHCOMM_GLOO_HOSTNAME"] == "198.18.0.2"
+    assert "TORCHCOMM_HOST_ID" not in env and env["KEEP"] == "1"  # identity: the UTS hostname
+    assert json.loads(env[hostsmod.HOSTS_ENV]) == lay.describe()
+    big = hostsmod.Layout(nproc=254, hosts=254, tag="1")
+    assert big.addresses[-1] == "198.18.0.254"  # still inside 198.18.0.0/15
+
+
+def test_hosts_is_refused_where_it_cannot_work(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TORCHCOMM_RANK", "0")  # as under torchrun: the ranks exist already
+    with pytest.raises(SystemExit) as info:
+        cli.parse_args(["--hosts", "2"])
+    assert info.value.code == 2
+    assert "--hosts places the ranks the bench spawns itself" in capsys.readouterr().err
+    monkeypatch.delenv("TORCHCOMM_RANK")
+    monkeypatch.setattr(hostsmod.os, "geteuid", lambda: 1000)
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--hosts", "2", "--nproc", "2"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--hosts needs root and ip netns (simulated hosts are network namespaces)" in err, err
 
 
 # -- report and plot -----------------------------------------------------------------------------
@@ -461,6 +543,12 @@ def test_smoke_two_ranks_quick_json(tmp_path: Any) -> None:
     mem = doc["memory_bandwidth"]
     for key in ("copy_1p_GBps", "add_1p_GBps", "copy_np_GBps", "add_np_GBps"):
         assert mem[key] > 0, key
+    # one host: the wire is loopback, measured, and shared memory's ceiling is memory's
+    assert (env["hosts"], env["ranks_per_host"], env["simulated_hosts"]) == (1, 2, None)
+    wire = doc["wire"]
+    assert wire["loopback"] and (wire["from"]["rank"], wire["to"]["rank"]) == (0, 1), wire
+    assert wire["simplex_GBps"] > 0 and wire["duplex_GBps"] > 0, wire
+    assert doc["ceiling_model"] == "memory" and "# %ceil: algbw / the memory-bound" in out
     settings = doc["settings"]
     assert settings["sizes"] == [8, 256, 8192, 262144] and settings["iters"] == 3
     rows = doc["results"]
@@ -636,3 +724,104 @@ def test_vs_mpi_outside_an_mpi_launcher_says_how_to_run(capsys: pytest.CaptureFi
         cli.main(["--vs", "mpi", "--quick"])
     assert info.value.code == 2
     assert "mpirun -n 2 python -m torchcomms.bench --vs mpi" in capsys.readouterr().err
+
+
+# -- between simulated hosts (--hosts) -----------------------------------------------------------
+def _needs_netns() -> None:
+    why = hostsmod.unavailable()
+    if why is not None:
+        pytest.skip(why)
+
+
+def _leftovers(tag: str) -> str:
+    """This run's namespaces and links that still exist (``tag``: the launcher's pid)."""
+    found = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    found += subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    names = (f"tcbench{tag}h", f"tcb{tag}v", f"tcb{tag}p", f"tcb{tag}br")
+    return "\n".join(ln for ln in found.splitlines() if any(n in ln for n in names))
+
+
+@pytest.mark.netns
+def test_two_simulated_hosts_against_the_wire(tmp_path: Any) -> None:
+    """One rank on each of two hosts, with raw gloo across the same hosts: the JSON says so,
+    the wire was measured between them and ``%ceil`` holds busbw against it; nothing of the
+    run is left afterwards."""
+    _needs_netns()
+    path = tmp_path / "hosts.json"
+    args = ["--nproc", "2", "--hosts", "2", "--op", "all_reduce,broadcast", "--quick"]
+    args += ["-b", "1K", "-e", "8K", "-f", "8", "-n", "3", "-w", "1", "--vs", "gloo"]
+    args += ["--json", str(path)]
+    proc = _bench(args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "# %ceil: busbw / the wire's GB/s" in proc.stdout, proc.stdout
+    doc = json.loads(path.read_text())
+    env, wire = doc["env"], doc["wire"]
+    assert (env["hosts"], env["ranks_per_host"], env["hostname"]) == (2, 1, "host0"), env
+    sim = env["simulated_hosts"]
+    assert sim["addresses"] == ["198.18.0.1", "198.18.0.2"] and sim["ranks_per_host"] == 1
+    for key in ("transport", "baseline_transport"):
+        assert env[key].startswith("tcp (hostname='198.18.0.1'"), env[key]
+        assert env[key].endswith("[ranks on 2 simulated hosts, 1 per host]"), env[key]
+    assert (wire["bytes"], wire["reps"], wire["loopback"]) == (64 << 20, 3, False), wire
+    assert (wire["from"]["rank"], wire["from"]["address"]) == (0, "198.18.0.1"), wire
+    assert (wire["to"]["rank"], wire["to"]["address"]) == (1, "198.18.0.2"), wire
+    assert wire["from"]["host"].startswith("host0/") and wire["to"]["host"].startswith("host1/")
+    assert wire["simplex_GBps"] > 0 and wire["duplex_GBps"] > 0, wire
+    assert doc["ceiling_model"] == "wire" and doc["ok"]
+    assert [(r["op"], r["size"]) for r in doc["results"]] == [
+        ("all_reduce", 1024),
+        ("all_reduce", 8192),
+        ("broadcast", 1024),
+        ("broadcast", 8192),
+    ]
+    for row in doc["results"]:
+        limit = wire["duplex_GBps" if row["op"] == "all_reduce" else "simplex_GBps"]
+        for key in ("out_of_place", "in_place"):
+            cell = row[key]
+            assert cell["gloo"]["wrong"] == 0 and cell["ours"]["wrong"] == 0, row
+            assert cell["ceiling_algbw_GBps"] == pytest.approx(limit / row["busbw_factor"])
+            pct = 100 * cell["ours"]["busbw_GBps"] / limit
+            assert cell["pct_ceiling"] == pytest.approx(pct), row
+    assert not _leftovers(sim["netns"][0].removeprefix("tcbench").removesuffix("h0"))
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_two_ranks_on_each_of_two_simulated_hosts(tmp_path: Any, transport: str) -> None:
+    """2 hosts x 2 ranks: hierarchical by default, flat tcp when asked; the wire runs from
+    rank 0 to rank 3, the last rank on the other host."""
+    _needs_netns()
+    path = tmp_path / "hosts4.json"
+    args = ["--nproc", "4", "--hosts", "2", "--op", "all_reduce,all_gather,sendrecv", "--quick"]
+    args += ["-b", "64K", "-e", "64K", "-n", "3", "-w", "1", "--vs", "gloo", "--json", str(path)]
+    proc = _bench(args, env={"TORCHCOMM_TRANSPORT": transport})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(path.read_text())
+    env = doc["env"]
+    assert (env["hosts"], env["ranks_per_host"], doc["ceiling_model"]) == (2, 2, "wire"), env
+    expected = "hierarchical: shm inside 2 hosts (2+2 ranks)" if transport == "auto" else "tcp ("
+    assert env["transport"].startswith(expected), env["transport"]
+    assert env["transport"].endswith("[ranks on 2 simulated hosts, 2 per host]")
+    assert (doc["wire"]["to"]["rank"], doc["wire"]["to"]["address"]) == (3, "198.18.0.2")
+    assert doc["ok"] and not _leftovers(env["simulated_hosts"]["bridge"][3:-2])
+
+
+@pytest.mark.netns
+def test_simulated_hosts_are_deleted_when_a_rank_fails() -> None:
+    _needs_netns()
+    child_env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC_DIR, REPO_ROOT]))
+    for var in ("RANK", "WORLD_SIZE", "TORCHCOMM_RANK", "TORCHCOMM_SIZE", "LOCAL_RANK"):
+        child_env.pop(var, None)
+    args = ["--nproc", "2", "--hosts", "2", "--backend", "no_such_backend", "--op", "barrier"]
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "torchcomms.bench", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env,
+        stdin=subprocess.DEVNULL,
+    )
+    _, err = launcher.communicate(timeout=120 * timeout_scale())
+    assert launcher.returncode != 0 and "exited with code" in err, err
+    assert not _leftovers(str(launcher.pid))

@@ -14,6 +14,7 @@ import os
 import sys
 
 from torchcomms.bench import cases as ops
+from torchcomms.bench import hosts as hostsmod
 from torchcomms.bench import launch, metrics, runner
 from torchcomms.bench import mpi as mpib
 
@@ -56,6 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--nproc",
         type=int,
         help=f"spawn N local ranks (default {DEFAULT_NPROC} unless run under a launcher)",
+    )
+    p.add_argument(
+        "--hosts",
+        type=int,
+        default=1,
+        metavar="H",
+        help="place the --nproc ranks on H simulated hosts (network namespaces joined by a "
+        "bridge, ranks in blocks; needs root and ip netns; default 1: this host)",
     )
     p.add_argument(
         "--op",
@@ -153,6 +162,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, runner.Settings]:
         parser.error(f"--blocks must be >= 1 (got {args.blocks})")
     if args.nproc is not None and args.nproc < 1:
         parser.error(f"--nproc must be >= 1 (got {args.nproc})")
+    if args.hosts != 1:
+        _check_hosts(parser, args)
     if args.root < 0 or (args.nproc is not None and args.root >= args.nproc):
         parser.error(f"--root {args.root} is out of range for {args.nproc} ranks")
     if args.timeout <= 0:
@@ -184,6 +195,28 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, runner.Settings]:
     return args, settings
 
 
+def _check_hosts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--hosts``: only the spawning launcher places ranks, in equal blocks, as root."""
+    nproc = args.nproc or DEFAULT_NPROC
+    if args.hosts < 1 or args.hosts > hostsmod.MAX_HOSTS:
+        parser.error(f"--hosts takes 1 to {hostsmod.MAX_HOSTS} hosts (got {args.hosts})")
+    if args._worker:  # the launcher checked the rest before it built the hosts
+        return
+    if (args.vs and "mpi" in args.vs) or (args.nproc is None and under_launcher()):
+        parser.error(
+            "--hosts places the ranks the bench spawns itself (--nproc N), so it cannot run "
+            "under mpirun or torchrun, which started the ranks already"
+        )
+    if nproc % args.hosts:
+        parser.error(
+            f"--nproc {nproc} is not a multiple of --hosts {args.hosts} (every simulated host "
+            "gets the same number of ranks)"
+        )
+    why = hostsmod.unavailable()
+    if why is not None:
+        parser.error(why)
+
+
 def under_launcher() -> bool:
     """True when a launcher (torchrun, mpirun, ...) already made this process a rank."""
     return any(
@@ -198,4 +231,4 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TORCHCOMM_CPU_AFFINITY"] = args.affinity
     if args._worker or (args.nproc is None and under_launcher()):
         return runner.run_rank(settings)
-    return launch.spawn(argv, args.nproc or DEFAULT_NPROC)
+    return launch.spawn(argv, args.nproc or DEFAULT_NPROC, args.hosts)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from torchcomms import config
-from torchcomms.bench import memprobe
+from torchcomms.bench import ceilings
 from torchcomms.transport import placement
 
 #: One core kept busy, until told or until the process that started it is gone (it checks
@@ -99,7 +99,7 @@ def capture(
         "cpu_count": os.cpu_count(),
         "usable_cores": usable,
         "affinity": affinity,
-        "llc_bytes": memprobe.llc_bytes(),
+        "llc_bytes": ceilings.llc_bytes(),
         "load_average_start": load_average(),
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -4,7 +4,8 @@ Each rank is ``python -m torchcomms.bench --_worker ARGS`` with ``TORCHCOMM_RANK
 ``MASTER_ADDR/MASTER_PORT`` (a free loopback port) set; rank 0 serves the job store and
 prints the report on the inherited stdout.  The launcher polls the children: when one
 exits non-zero it gives the others a short grace period, kills the rest and returns that
-code, so a dead rank never leaves the others hanging.
+code, so a dead rank never leaves the others hanging.  With ``--hosts H`` the ranks start
+in H simulated hosts (``hosts``), which are deleted after the ranks have stopped.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 
+from torchcomms.bench.hosts import Layout, SimulatedHosts
 from torchcomms.bench.runner import COMMAND_ENV
 from torchcomms.transport import listen
 
@@ -50,9 +52,21 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             proc.wait()
 
 
-def spawn(argv: list[str], nproc: int) -> int:
-    """Run ``nproc`` ranks with ``argv``; returns the exit code for the whole run."""
-    port = free_port()
+def spawn(argv: list[str], nproc: int, hosts: int = 1) -> int:
+    """Run ``nproc`` ranks with ``argv`` (on ``hosts`` simulated hosts when more than one);
+    returns the exit code for the whole run."""
+    if hosts <= 1:
+        return _spawn(argv, nproc, None)
+    try:
+        with SimulatedHosts(nproc, hosts) as layout:
+            return _spawn(argv, nproc, layout)
+    except KeyboardInterrupt:  # while the hosts were being built or deleted
+        print("torchcomms.bench: interrupted", file=sys.stderr)
+        return 130
+
+
+def _spawn(argv: list[str], nproc: int, layout: Layout | None) -> int:
+    port = free_port()  # on simulated hosts: host 0's namespace has every port free
     command = " ".join(["python -m torchcomms.bench", *argv])
     base = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
     procs: list[subprocess.Popen[bytes]] = []
@@ -66,11 +80,10 @@ def spawn(argv: list[str], nproc: int) -> int:
                 MASTER_PORT=str(port),
                 **{COMMAND_ENV: command},
             )
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "torchcomms.bench", "--_worker", *argv], env=env
-                )
-            )
+            cmd = [sys.executable, "-m", "torchcomms.bench", "--_worker", *argv]
+            if layout is not None:
+                cmd, env = layout.command(rank, argv), layout.environment(rank, env)
+            procs.append(subprocess.Popen(cmd, env=env))
         return _supervise(procs)
     except KeyboardInterrupt:
         print("torchcomms.bench: interrupted; stopping the ranks", file=sys.stderr)

@@ -94,6 +94,20 @@ def ceiling_algbw(mem_bw_gbps: float, traffic_per_byte: float) -> float:
     return mem_bw_gbps / traffic_per_byte
 
 
+def wire_ceiling_algbw(wire_gbps: float, busbw_factor: float) -> float:
+    """Wire-bound ceiling on algbw: busbw (each rank's traffic on its link, nccl-tests'
+    factor) cannot pass the wire's ``W`` GB/s, so ``algbw <= W / factor``."""
+    if busbw_factor <= 0:
+        return math.inf
+    return wire_gbps / busbw_factor
+
+
+def ceiling_model(transport: str, hosts: int) -> str:
+    """``wire`` when the bytes cross TCP (the transport is tcp, or the ranks span hosts),
+    else ``memory`` (shared memory on one host)."""
+    return "wire" if hosts > 1 or transport.startswith("tcp") else "memory"
+
+
 def ratio(gloo_p50_us: float, ours_p50_us: float) -> float:
     """``gloo p50 / ours p50``: above 1 means ours is faster."""
     if ours_p50_us <= 0:

@@ -2,6 +2,9 @@
 
 Rows and cells are plain dicts (the JSON schema is the data model):
 
+* document: ``env settings memory_bandwidth wire ceiling_model results wrong_total ok``
+  (``wire``: the TCP stream's ``simplex_GBps duplex_GBps bytes reps from to loopback``, null
+  for one rank; ``ceiling_model``: ``memory`` or ``wire``)
 * row: ``op size count type redop root busbw_factor out_of_place in_place``
 * cell (one placement): ``ours gloo ours_fr_off ratio mpi mpi_ratio fr_overhead_us
   ceiling_algbw_GBps pct_ceiling`` (absent parts are ``null``; ``ratio`` is gloo's p50 over
@@ -20,6 +23,14 @@ from torchcomms.bench.metrics import format_size
 
 SCHEMA = "torchcomms.bench/1"
 PLACEMENTS = (("out_of_place", "out-of-place"), ("in_place", "in-place"))
+
+#: What ``%ceil`` is taken against, per ceiling model (``metrics.ceiling_model``).
+_MODELS = {
+    "memory": "algbw / the memory-bound ceiling of the op (shared memory: copies through "
+    "memory, from the copy bandwidth)",
+    "wire": "busbw / the wire's GB/s (tcp or ranks on several hosts: duplex for ops where every "
+    "rank sends and receives at once, simplex for rooted ops and send/recv)",
+}
 
 _LEAD: tuple[tuple[str, str, int], ...] = (
     ("size", "(B)", 12),
@@ -93,7 +104,14 @@ class Printer:
     def line(self, text: str = "") -> None:
         print(text, file=self.out, flush=True)
 
-    def preamble(self, settings: dict[str, Any], env: dict[str, Any], mem: dict[str, Any]) -> None:
+    def preamble(
+        self,
+        settings: dict[str, Any],
+        env: dict[str, Any],
+        mem: dict[str, Any],
+        wire: dict[str, Any] | None = None,
+        model: str = "memory",
+    ) -> None:
         self.line(
             f"# torchcomms.bench: backend {settings['backend']}, {env['world_size']} ranks, "
             f"dtype {settings['dtype']}, redop {settings['redop']}, iters {settings['iters']}, "
@@ -117,6 +135,23 @@ class Printer:
             f"copy {mem['copy_1p_GBps']:.2f} GB/s (1 proc) {mem['copy_np_GBps']:.2f} GB/s "
             f"({mem['procs']} procs), add {mem['add_1p_GBps']:.2f} / {mem['add_np_GBps']:.2f} GB/s"
         )
+        if env.get("simulated_hosts"):
+            sim = env["simulated_hosts"]
+            self.line(
+                f"# simulated hosts: {sim['hosts']} network namespaces ({', '.join(sim['addresses'])}) "
+                f"on one bridge, {sim['ranks_per_host']} rank(s) each; they share this machine's "
+                "cores and memory"
+            )
+        if wire is not None:
+            ends = f"rank 0 ({wire['from']['address']}) - rank {wire['to']['rank']} " + (
+                "over loopback" if wire["loopback"] else f"({wire['to']['address']}) across hosts"
+            )
+            self.line(
+                f"# wire (a TCP stream, {format_size(wire['bytes'])} x {wire['reps']}, {ends}): "
+                f"simplex {wire['simplex_GBps']:.3f} GB/s, duplex {wire['duplex_GBps']:.3f} GB/s "
+                "per direction"
+            )
+        self.line(f"# %ceil: {_MODELS[model]}")
         self.line(
             "# time = p50 of the per-iteration max over ranks; ratio = gloo p50 / ours p50"
             + ("; mpi/us = MPI p50 / ours p50" if self.vs_mpi else "")

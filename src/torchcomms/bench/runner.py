@@ -7,8 +7,12 @@ implementation ``-n`` timed iterations, then the check again.  An iteration is t
 ``perf_counter_ns`` around the blocking call on every rank; after timing, one
 all_reduce(MAX) over our communicator turns the per-rank arrays into per-iteration maxima,
 and one all_reduce(SUM) totals ``#wrong``.
+Before the sweep, the ceilings are measured (``ceilings``: memory bandwidth, and the TCP
+wire between rank 0 and the furthest rank); ``%ceil`` uses the wire when the transport is tcp
+or the ranks span hosts, memory otherwise.
 Rank 0 computes the statistics and prints; every rank knows the totals, so all agree on
-the exit status.  Everything runs on the main thread; every wait is bounded by ``--timeout``.
+the exit status.  Everything runs on the main thread (but the wire probe's sending half,
+``ceilings``); every wait is bounded by ``--timeout``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import socket
 import sys
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,8 +33,9 @@ import torch.distributed as dist
 
 from torchcomms import ReduceOp, TorchComm, config, new_comm
 from torchcomms.backends.cpu import bootstrap
+from torchcomms.bench import ceilings, metrics, report
 from torchcomms.bench import env as envmod
-from torchcomms.bench import memprobe, metrics, report
+from torchcomms.bench import hosts as hostsmod
 from torchcomms.bench import mpi as mpib
 from torchcomms.bench.cases import DTYPES, CaseParams, OpSpec
 from torchcomms.transport import listen
@@ -113,14 +119,20 @@ def _job_store(rank: int, size: int, timeout: timedelta, over_mpi: bool) -> Any:
     return dist.PrefixStore(f"torchcomms.bench/{restart}", store)
 
 
-def _gloo_baseline(store: Any, rank: int, size: int, timeout: timedelta) -> tuple[Any, str]:
-    """A raw ProcessGroupGloo on the device ours would pick (``transport.gloo``, as ours does)."""
-    me = bootstrap.host_identity()
-    store.set(f"host/{rank}", me)
+def _host_identities(store: Any, rank: int, size: int, timeout: timedelta) -> list[str]:
+    """Every rank's host identity (``bootstrap.host_identity``: what ours decides locality
+    by), in rank order."""
+    store.set(f"host/{rank}", bootstrap.host_identity())
     keys = [f"host/{r}" for r in range(size)]
     store.wait(keys, timeout)
-    hosts = [store.get(k).decode() for k in keys]
-    desc, device = gloo.choose_device({}, hosts, me)
+    return [store.get(k).decode() for k in keys]
+
+
+def _gloo_baseline(
+    store: Any, rank: int, size: int, timeout: timedelta, hosts: list[str]
+) -> tuple[Any, str]:
+    """A raw ProcessGroupGloo on the device ours would pick (``transport.gloo``, as ours does)."""
+    desc, device = gloo.choose_device({}, hosts, hosts[rank])
     pg = gloo.new_process_group(dist.PrefixStore("pg", store), rank, size, timeout, device)
     return pg, f"tcp ({desc})"
 
@@ -138,31 +150,6 @@ def _comm_without_recorder(backend: str, store: Any, timeout: timedelta) -> Torc
             del os.environ[FR_ENV]
         else:
             os.environ[FR_ENV] = previous
-
-
-# -- memory probe ----------------------------------------------------------------------------------
-def _memory_probe(comm: TorchComm, rank: int, size: int, quick: bool) -> dict[str, Any]:
-    """Copy/add bandwidth in GB/s: rank 0 alone, then all ranks at once (aggregate)."""
-    nbytes = memprobe.probe_bytes(quick)
-    reps = 3 if quick else 5
-    probe = memprobe.Probe(nbytes)
-    result: dict[str, Any] = {"probe_bytes": probe.nbytes, "reps": reps, "procs": size}
-    comm.barrier(False)
-    if rank == 0:
-        t, b = probe.copy(reps)
-        result["copy_1p_GBps"] = b / t / metrics.GB
-        t, b = probe.add(reps)
-        result["add_1p_GBps"] = b / t / metrics.GB
-    comm.barrier(False)
-    tc, bc = probe.copy(reps)
-    comm.barrier(False)
-    ta, ba = probe.add(reps)
-    slowest = torch.tensor([tc, ta], dtype=torch.float64)
-    comm.all_reduce(slowest, ReduceOp.MAX, False)
-    result["copy_np_GBps"] = size * bc / float(slowest[0]) / metrics.GB
-    result["add_np_GBps"] = size * ba / float(slowest[1]) / metrics.GB
-    del probe
-    return result
 
 
 # -- one row ---------------------------------------------------------------------------------------
@@ -267,10 +254,9 @@ def _cell(
     impls: list[_Impl],
     times: list[list[float]],
     wrong: list[int],
-    mem_bw: float | None,
+    ceiling: float | None,
     checked: bool,
     has_mpi: bool = True,
-    in_place: bool = True,
 ) -> dict[str, Any]:
     factor = spec.busbw_factor(nranks)
     by_name = {
@@ -283,11 +269,8 @@ def _cell(
     gloo = by_name.get("gloo")
     mpi = by_name.get("mpi") if has_mpi else None
     fr_off = by_name.get("ours_fr_off")
-    ceiling = None
     pct = None
-    traffic = spec.traffic_at(nranks, in_place)
-    if traffic is not None and mem_bw is not None and nbytes > 0:
-        ceiling = metrics.ceiling_algbw(mem_bw, traffic)
+    if ceiling is not None and nbytes > 0:
         pct = 100.0 * ours["algbw_GBps"] / ceiling
     return {
         "ours": ours,
@@ -324,6 +307,8 @@ class _Session:
     comm: TorchComm  # ours; also carries the bench's own gathers
     impls: list[_Impl]
     environment: dict[str, Any]
+    store: Any  # the job's store
+    hosts: list[str]  # each rank's host identity
 
     def close(self) -> None:
         # Rank 0 serves the job store: nobody may leave while another rank still needs it.
@@ -352,30 +337,59 @@ def _open_session(settings: Settings) -> _Session:
         impls.append(
             _Impl("ours_fr_off", _comm_without_recorder(settings.backend, fr_store, timeout))
         )
+    hosts = _host_identities(store, rank, size, timeout)
     baseline_desc = None
     if settings.vs_gloo:
-        pg, baseline_desc = _gloo_baseline(dist.PrefixStore("gloo", store), rank, size, timeout)
+        pg, baseline_desc = _gloo_baseline(
+            dist.PrefixStore("gloo", store), rank, size, timeout, hosts
+        )
         impls.append(_Impl("gloo", pg))
     if settings.vs_mpi:
         impls.append(_Impl("mpi", mpib.world()))
     transport = str(getattr(comm.get_backend_impl(), "transport", "") or settings.backend)
     command = os.environ.get(COMMAND_ENV) or " ".join(["python -m torchcomms.bench", *sys.argv[1:]])
+    simulated = hostsmod.layout_from_env()
     environment = envmod.capture(
-        command, size, transport, baseline_desc, _local_pids(store, rank, size)
+        command,
+        size,
+        transport,
+        baseline_desc,
+        _local_pids(store, rank, size, same_machine=simulated is not None),
     )
     environment["mpi_library"] = mpib.library() if settings.vs_mpi else None
-    return _Session(rank, size, comm, impls, environment)
+    _describe_hosts(environment, hosts, simulated)
+    return _Session(rank, size, comm, impls, environment, store, hosts)
 
 
-def _local_pids(store: Any, rank: int, size: int) -> list[int]:
-    """The pids of the ranks on this host: the cores they may use together are what the
-    header reports (a launcher may pin each to a core of its own)."""
+def _describe_hosts(
+    environment: dict[str, Any], hosts: list[str], simulated: dict[str, Any] | None
+) -> None:
+    """The env's ``hosts``, ``ranks_per_host`` (a number when even, else a list in order of
+    first rank) and ``simulated_hosts`` (``--hosts``); spanning hosts, the transports say so."""
+    counts = Counter(hosts)
+    per_host = [counts[h] for h in dict.fromkeys(hosts)]
+    even = len(set(per_host)) == 1
+    environment["hosts"] = len(counts)
+    environment["ranks_per_host"] = per_host[0] if even else per_host
+    environment["simulated_hosts"] = simulated
+    if len(counts) > 1:
+        spread = f"{per_host[0]} per host" if even else f"{'+'.join(map(str, per_host))} ranks"
+        where = f" [ranks on {len(counts)} {'simulated ' if simulated else ''}hosts, {spread}]"
+        for key in ("transport", "baseline_transport"):
+            if environment.get(key):
+                environment[key] += where
+
+
+def _local_pids(store: Any, rank: int, size: int, same_machine: bool = False) -> list[int]:
+    """The pids of the ranks on this host (``same_machine``: every rank's, as simulated hosts
+    share one machine's cores): the cores they may use together are what the header reports
+    (a launcher may pin each to a core of its own)."""
     host = socket.gethostname()
     store.set(f"pid/{rank}", f"{host} {os.getpid()}")
     keys = [f"pid/{r}" for r in range(size)]
     store.wait(keys)
     entries = [store.get(k).decode().rsplit(" ", 1) for k in keys]
-    return [int(pid) for peer_host, pid in entries if peer_host == host]
+    return [int(pid) for peer_host, pid in entries if same_machine or peer_host == host]
 
 
 def _run_rank(settings: Settings) -> int:
@@ -394,15 +408,19 @@ def _measure_and_report(settings: Settings, session: _Session, load: envmod.Load
     rank = session.rank
     if load is not None:
         session.environment["load_pids"] = load.pids()
-    mem = _memory_probe(session.comm, rank, session.size, settings.quick)
+    mem = ceilings.measure_memory(session.comm, rank, session.size, settings.quick)
+    timeout = timedelta(seconds=settings.timeout_s)
+    wire = ceilings.measure_wire(session.store, rank, session.hosts, settings.quick, timeout)
+    env = session.environment
+    model = metrics.ceiling_model(env["transport"], env["hosts"]) if wire else "memory"
     printer = None
     if rank == 0:
         printer = report.Printer(
             sys.stdout, settings.vs_gloo, settings.fr_overhead, vs_mpi=settings.vs_mpi
         )
-        printer.preamble(settings.describe(), session.environment, mem)
+        printer.preamble(settings.describe(), env, mem, wire, model)
     start = time.monotonic()
-    rows, wrong_total = _sweep(settings, session, mem, printer)
+    rows, wrong_total = _sweep(settings, session, mem, wire, model, printer)
     ok = wrong_total == 0
     if printer is not None:
         printer.summary(wrong_total, rows, checked=bool(settings.check))
@@ -413,6 +431,8 @@ def _measure_and_report(settings: Settings, session: _Session, load: envmod.Load
             "env": environment,
             "settings": settings.describe(),
             "memory_bandwidth": mem,
+            "wire": wire,
+            "ceiling_model": model,
             "results": rows,
             "wrong_total": wrong_total,
             "ok": ok,
@@ -431,9 +451,15 @@ def _measure_and_report(settings: Settings, session: _Session, load: envmod.Load
 
 
 def _sweep(
-    settings: Settings, session: _Session, mem: dict[str, Any], printer: report.Printer | None
+    settings: Settings,
+    session: _Session,
+    mem: dict[str, Any],
+    wire: dict[str, Any] | None,
+    model: str,
+    printer: report.Printer | None,
 ) -> tuple[list[dict[str, Any]], int]:
-    """Every (op, size, placement): measure; rank 0 builds and prints the rows."""
+    """Every (op, size, placement): measure; rank 0 builds and prints the rows, ``%ceil``
+    against the ``model`` ceiling (``ceilings``)."""
     rank, size = session.rank, session.size
     dtype = DTYPES[settings.dtype]
     esize = torch.empty((), dtype=dtype).element_size()
@@ -451,7 +477,11 @@ def _sweep(
         probe_key = "copy_1p_GBps" if spec.time_divisor > 1 else "copy_np_GBps"
         mem_bw: float | None = mem.get(probe_key)  # rank 0 only has the 1-process figure
         if printer is not None:
-            printer.op_header(spec.name, spec.factor_text, _ceiling_text(spec, size, mem_bw))
+            printer.op_header(
+                spec.name,
+                spec.factor_text,
+                ceilings.ceiling_text(spec, size, model, mem_bw, wire),
+            )
         for count in _counts(spec, settings.sizes, size, esize):
             nbytes = count * esize
             t_row = time.monotonic()
@@ -489,10 +519,9 @@ def _sweep(
                     session.impls,
                     times,
                     wrong,
-                    mem_bw,
+                    ceilings.ceiling(spec, size, in_place, model, mem_bw, wire),
                     checked,
                     has_mpi,
-                    in_place,
                 )
                 for impl, cores in zip(session.impls, busy, strict=True):
                     if cell.get(impl.name) is not None:
@@ -509,31 +538,6 @@ def _sweep(
                         f"{time.monotonic() - start:.0f} s elapsed)"
                     )
     return rows, wrong_total
-
-
-def _ceiling_text(spec: OpSpec, size: int, mem_bw: float | None) -> str:
-    if spec.traffic is None or mem_bw is None:
-        return "no payload: time only"
-    procs = "1 proc" if spec.time_divisor > 1 else f"{size} procs"
-    models = []
-    for in_place in sorted(set(spec.placements)):
-        traffic = spec.traffic_at(size, in_place)
-        assert traffic is not None
-        models.append(
-            f"B/({spec.traffic_text_at(in_place)}) = "
-            f"{metrics.ceiling_algbw(mem_bw, traffic):.3f} GB/s"
-        )
-    if len(set(models)) > 1:  # an in-place API: out of place, the bench's copy in is timed
-        text = (
-            f"{models[0]} out of place (the input's copy into the output counted), "
-            f"{models[1]} in place"
-        )
-    else:
-        text = models[0]
-    return (
-        f"memory-bound ceiling algbw = {text}, with "
-        f"B = copy bandwidth ({procs}) = {mem_bw:.2f} GB/s"
-    )
 
 
 def _counts(spec: OpSpec, sizes: list[int], nranks: int, esize: int) -> list[int]:

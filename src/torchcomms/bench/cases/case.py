@@ -96,6 +96,9 @@ class OpSpec:
     #: In-place APIs only: the traffic of the bench's own copy of the input into the output,
     #: which the out-of-place column times before the op (``2N``: every rank copies S).
     copy_in_text: str = "0"
+    #: Every rank sends and receives at once (all_reduce, gathers, all_to_all): the wire
+    #: ceiling is the duplex stream's; False (rooted ops, ping-pong, one-sided): simplex.
+    exchange: bool = True
 
     def traffic_text_at(self, in_place: bool) -> str:
         """The model as printed for one placement: the out-of-place column adds the copy."""

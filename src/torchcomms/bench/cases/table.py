@@ -1,8 +1,9 @@
 """The op table: one ``OpSpec`` per benchmarked op, nccl-tests style.
 
-Each row says how many elements a row of ``S`` bytes means, the bus-bandwidth factor, the
-memory traffic of the copy-in/copy-out model (for the ceiling column), and which builder
-makes its ``Case``.  One harness (``runner``) runs them all.
+Each row says how many elements a row of ``S`` bytes means, the bus-bandwidth factor, what
+bounds it for the ceiling column (the memory traffic of the copy-in/copy-out model; whether
+every rank sends and receives at once, for the wire), and which builder makes its ``Case``.
+One harness (``runner``) runs them all.
 """
 
 from __future__ import annotations
@@ -76,8 +77,9 @@ _TABLE = (
         rooted=True,
         copy_in_text="2N",
         checked_rank=lambda n, root: root,
+        exchange=False,
     ),
-    _spec("broadcast", "1", "2N", _build_broadcast, rooted=True, copy_in_text="2"),
+    _spec("broadcast", "1", "2N", _build_broadcast, rooted=True, copy_in_text="2", exchange=False),
     _spec(
         "all_gather",
         "(n-1)/n",
@@ -114,6 +116,7 @@ _TABLE = (
         time_divisor=2,
         checked_rank=lambda n, root: 1,
         aliases=("send_recv", "send/recv", "p2p"),
+        exchange=False,  # a ping-pong: one direction at a time
     ),
     _spec(
         "barrier",
@@ -147,6 +150,7 @@ _WINDOW_TABLE = (
         time_divisor=2,
         checked_rank=lambda n, root: 0,
         aliases=("window_put",),
+        exchange=False,
     ),
     _spec(
         "get",
@@ -157,6 +161,7 @@ _WINDOW_TABLE = (
         min_ranks=2,
         checked_rank=lambda n, root: 0,
         aliases=("window_get",),
+        exchange=False,
     ),
 )
 
