@@ -25,6 +25,7 @@ import torch
 from tests.chaos import faults
 from tests.harness import RankContext, RankFailure, run_ranks
 from torchcomms import ReduceOp, new_comm
+from torchcomms.backends.cpu.tcp.ring_ops import FOLD_BYTES
 
 TCP = {"TORCHCOMM_TRANSPORT": "tcp"}
 #: Past the inline limit (64 KiB per rank) and not a multiple of any world size.
@@ -78,6 +79,17 @@ def _ring_ops(ctx: RankContext) -> dict[str, int]:
             want = oracle(rows.double()).to(dtype) if r == root else _data(r, COUNT, dtype)
             assert torch.equal(t, want), (root, name, dtype)
             checked += 1
+    # several pieces of a two-rank exchange combined as they arrive (``FOLD_BYTES``), the
+    # tensor both sent and written (all_reduce) and only written (reduce at the root)
+    big = 5 * FOLD_BYTES // 4 + 3
+    rows = torch.stack([_data(q, big, torch.float32) for q in range(n)])
+    t = _data(r, big, torch.float32)
+    comm.all_reduce(t, ReduceOp.SUM, False)
+    assert torch.equal(t, rows.sum(0))
+    t = _data(r, big, torch.float32)
+    comm.reduce(t, n - 1, ReduceOp.MAX, False)
+    assert torch.equal(t, rows.amax(0) if r == n - 1 else rows[r])
+    checked += 2
     # reduce_scatter: each rank's COUNT-element slice of the sum of n*COUNT inputs
     full = torch.stack([_data(q, n * COUNT, torch.int64) for q in range(n)]).sum(0)
     out = torch.empty(COUNT, dtype=torch.int64)
@@ -147,8 +159,9 @@ def _same_bits(ctx: RankContext) -> str:
 
 def test_every_rank_gets_the_same_bits() -> None:
     """Rounding differs with summation order; the ring sums each chunk once, in one order."""
-    results = run_ranks(_same_bits, 3, timeout=120, env=TCP)
-    assert len(set(results)) == 1
+    for world in (2, 3):
+        results = run_ranks(_same_bits, world, timeout=120, env=TCP)
+        assert len(set(results)) == 1, world
 
 
 def _unchecked_sizes(ctx: RankContext) -> dict[str, Any]:

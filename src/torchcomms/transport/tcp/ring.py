@@ -58,6 +58,8 @@ _EMPTY = memoryview(b"")
 Combine = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 #: check(peer header): raises when the peer's op differs from this rank's.
 Check = Callable[[memoryview], None]
+#: progress(bytes received, bytes of the send still unsent), see ``Ring.step``.
+Progress = Callable[[int, int], None]
 
 
 def spans(count: int, size: int) -> list[tuple[int, int]]:
@@ -179,11 +181,14 @@ class Ring:
         check: Check | None,
         between: Callable[[], None],
         header_in: bool | None = None,
+        progress: Progress | None = None,
     ) -> None:
         """Send ``[header] + send`` to ``rank - 1`` while receiving ``rank + 1``'s frame,
         its data into ``recv`` (after ``check`` passed its header).  ``send`` None: send
         nothing; ``recv`` None: receive nothing.  ``header_in`` (default: whether this
-        frame has a header): whether the received frame starts with one."""
+        frame has a header): whether the received frame starts with one.  ``progress``:
+        called as bytes move, with how many of ``recv`` arrived and of ``send`` left (so
+        the caller can work on what arrived while the rest is on its way)."""
         rd = self.lane.ring_round()
         peer = rd.recv_from
         hb = len(header) if header is not None else 0
@@ -218,6 +223,8 @@ class Ring:
                     left = []
                 moved = left is not parts
                 parts = left
+                if moved and progress is not None and stage == 2:
+                    progress(got, _unsent(parts, send))
             while stage != 3:
                 if got < len(target):
                     if idle_since and inbox.start == inbox.end and not rd.poller.poll(0):
@@ -229,6 +236,8 @@ class Ring:
                         break
                     got += n
                     moved = True
+                    if progress is not None and stage == 2:
+                        progress(got, _unsent(parts, send))
                     if got < len(target):
                         continue
                 if stage == 0:
@@ -280,6 +289,13 @@ class Ring:
             self._sending = select.poll()
             self._sending.register(rd.out, select.POLLOUT)
         return self._sending
+
+
+def _unsent(parts: list[memoryview | bytes], send: memoryview | None) -> int:
+    """How many bytes of ``send`` are still in ``parts`` (the frame's unsent rest)."""
+    if send is None or not parts:
+        return 0
+    return min(len(send), sum(len(p) for p in parts))
 
 
 def _goodbye(rd: LaneRound, text_len: int) -> str:

@@ -52,6 +52,9 @@ _MAX_CHUNK = 1 << 31
 #: Broadcast segments through ranks in the middle of the chain (at most ``_MAX_SEGMENTS``).
 _SEGMENT = 256 * 1024
 _MAX_SEGMENTS = 16
+#: The least a two-rank reduction combines at once while the rest arrives.
+FOLD_BYTES = 256 * 1024
+_NOTHING = memoryview(b"")
 
 
 def combiner(op: ReduceOp, dtype: torch.dtype) -> Combine:
@@ -103,6 +106,9 @@ class RingOps:
         self, flat: torch.Tensor, op: ReduceOp, fp: Fingerprint, deadline: Deadline
     ) -> None:
         header, check, between = self._enter(fp, "all_reduce", deadline)
+        if self.size == 2:
+            self._pair_all_reduce(flat, op, header, check, between)
+            return
         plan = spans(flat.numel(), self.size)
         first, k = plan[self.rank]
         src = flat * op.factor_value() if op.type is RedOpType.PREMUL_SUM else flat
@@ -115,6 +121,27 @@ class RingOps:
         flat[first : first + k].copy_(own)
         finish_average(flat, op, self.size)
 
+    def _pair_all_reduce(
+        self,
+        flat: torch.Tensor,
+        op: ReduceOp,
+        header: memoryview,
+        check: Check | None,
+        between: Callable[[], None],
+    ) -> None:
+        """Two ranks: one exchange of the whole tensor, each rank combining the peer's
+        data piece by piece as it arrives (``_Folding``).  The same bytes cross the wire as
+        in the ring's two steps, with one meeting fewer; both ranks compute ``mine (op)
+        theirs``, and every op here is commutative, so they end with the same bits."""
+        src = flat * op.factor_value() if op.type is RedOpType.PREMUL_SUM else flat
+        theirs = self._spare(flat)
+        fold = _Folding(src, theirs, flat, combiner(op, flat.dtype), sending=src is flat)
+        with self._lane_errors("all_reduce"):
+            self.ring.step(as_bytes(src), as_bytes(theirs), header, check, between,
+                           progress=fold)  # fmt: skip
+        fold.finish()
+        finish_average(flat, op, self.size)
+
     def reduce(
         self, flat: torch.Tensor, root: int, op: ReduceOp, fp: Fingerprint, deadline: Deadline
     ) -> None:
@@ -122,6 +149,9 @@ class RingOps:
         peer sends its chunk one way (nothing comes back); with more, the all-gather half
         into scratch on the ranks that are not the root (their tensor is only read)."""
         header, check, between = self._enter(fp, "reduce", deadline)
+        if self.size == 2:
+            self._pair_reduce(flat, root, op, header, check, between)
+            return
         plan = spans(flat.numel(), self.size)
         first, k = plan[self.rank]
         src = flat * op.factor_value() if op.type is RedOpType.PREMUL_SUM else flat
@@ -142,6 +172,29 @@ class RingOps:
         if is_root:
             flat[first : first + k].copy_(own)
             finish_average(flat, op, self.size)
+
+    def _pair_reduce(
+        self,
+        flat: torch.Tensor,
+        root: int,
+        op: ReduceOp,
+        header: memoryview,
+        check: Check | None,
+        between: Callable[[], None],
+    ) -> None:
+        """Two ranks: the peer sends its whole tensor one way and the root combines it
+        piece by piece as it arrives; the root's header travels the other way at the same
+        time, so both ranks check the pair without a round trip."""
+        src = flat * op.factor_value() if op.type is RedOpType.PREMUL_SUM else flat
+        with self._lane_errors("reduce"):
+            if self.rank != root:
+                self.ring.step(as_bytes(src), _NOTHING, header, check, between)
+                return
+            theirs = self._spare(flat)
+            fold = _Folding(src, theirs, flat, combiner(op, flat.dtype), sending=False)
+            self.ring.step(_NOTHING, as_bytes(theirs), header, check, between, progress=fold)
+        fold.finish()
+        finish_average(flat, op, self.size)
 
     def _spare(self, like: torch.Tensor) -> torch.Tensor:
         """A reused buffer shaped as ``like`` that a non-root rank's gather lands in (a new
@@ -255,6 +308,47 @@ class RingOps:
 
     def _lane_errors(self, what: str) -> _LaneErrors:
         return _LaneErrors(self._waiter, what)
+
+
+class _Folding:
+    """``out = mine (op) theirs`` piece by piece while ``theirs`` arrives (a ``Ring.step``
+    progress callback), at least ``FOLD_BYTES`` at a time.  ``sending``: ``out`` is also
+    what this rank is sending, so a piece is combined only once it has gone out."""
+
+    __slots__ = ("_combine", "_done", "_esize", "_mine", "_out", "_sending", "_theirs", "_total")
+
+    def __init__(
+        self,
+        mine: torch.Tensor,
+        theirs: torch.Tensor,
+        out: torch.Tensor,
+        combine: Combine,
+        sending: bool,
+    ) -> None:
+        self._mine, self._theirs, self._out = mine, theirs, out
+        self._combine = combine
+        self._sending = sending
+        self._esize = mine.element_size()
+        self._total = mine.numel()
+        self._done = 0
+
+    def __call__(self, arrived: int, unsent: int) -> None:
+        ready = arrived
+        if self._sending:
+            ready = min(ready, self._total * self._esize - unsent)
+        ready //= self._esize
+        if ready - self._done >= FOLD_BYTES // self._esize:
+            self._fold(ready)
+
+    def _fold(self, upto: int) -> None:
+        a = self._done
+        self._combine(self._mine[a:upto], self._theirs[a:upto], self._out[a:upto])
+        self._done = upto
+
+    def finish(self) -> None:
+        """Combine the rest (everything has arrived and gone out)."""
+        if self._done < self._total:
+            self._fold(self._total)
 
 
 class _LaneErrors:
