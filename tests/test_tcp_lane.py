@@ -8,6 +8,7 @@
   written past the row.
 * Connecting: a stray client on the listener is ignored; a rank that never dials in is
   named when the wait gives up.
+* A wait spins only briefly while every core is taken (``transport.contention``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import contextlib
 import os
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -444,3 +447,30 @@ def test_a_peer_that_answers_other_than_at_is_named(answer: bytes | None, said: 
         thread.join(20.0)
         theirs.close()
     assert str(info.value) == said
+
+
+def test_waits_spin_briefly_while_every_core_is_taken() -> None:
+    """``transport.contention``: with more spinning processes than this process's cores,
+    the run queue says the cores are busy, and a lane that may spin spins only
+    ``BUSY_SPIN_S`` (a lane that may not spin never does)."""
+    from torchcomms.transport import contention
+
+    lane = tcp_lane.Lane(0, 1, [], [], spin_s=tcp_lane.SPIN_S)
+    still = tcp_lane.Lane(0, 1, [], [], spin_s=0.0)
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(len(os.sched_getaffinity(0)) + 1)
+    ]
+    try:
+        seen = False
+        give_up = time.monotonic() + 10.0
+        while not seen and time.monotonic() < give_up:
+            time.sleep(contention.REFRESH_S)
+            seen = contention.cores_busy()
+        assert seen, "the run queue never showed the spinning processes"
+        assert lane.spin_budget() == tcp_lane.BUSY_SPIN_S
+        assert still.spin_budget() == 0.0
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()

@@ -19,9 +19,10 @@ length of ``0xFFFFFFFF`` starts a control frame (``u32 length`` + UTF-8 text): `
 (the communicator was finalized) or ``FAILED kind ranks`` (it failed, blaming ``ranks``).
 A connection that ends without either means the peer's process is gone.
 
-**Waits.**  First a short spin (``spin_s``, only when every rank of this host has a
-core: a poll wake-up of an idle vCPU costs 0.1-4 ms on a small VM, far more than the
-bytes), then ``poll`` in slices of ``SLICE_MS``; between slices the caller's ``between``
+**Waits.**  First a spin (only when every rank of this host has a core: a poll wake-up
+of an idle vCPU costs 0.1-4 ms on a small VM, far more than the bytes; a millisecond, or
+a tenth of that while every core is taken, ``spin_budget``), then ``poll`` in slices of
+``SLICE_MS``; between slices the caller's ``between``
 callback checks the abort flag, the peers' liveness and the deadline (it raises).
 Sends are non-blocking, progressed in the same loop, so no pair of ranks can deadlock.
 
@@ -41,11 +42,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from torchcomms.transport.contention import cores_busy
+
 #: How long one ``poll`` may block before the caller's checks run.
 SLICE_MS = 50
 #: How long a receive spins (non-blocking reads) before it blocks in ``poll``, when
-#: spinning is allowed (``Lane(spin_s=...)``).
-SPIN_S = 100e-6
+#: spinning is allowed (``Lane(spin_s=...)``) and the cores are free
+#: (``transport.contention``); ``BUSY_SPIN_S`` when they are all taken.
+SPIN_S = 1e-3
+BUSY_SPIN_S = 100e-6
 _U32 = struct.Struct("<I")
 _CONTROL = 0xFFFF_FFFF
 _START_CAP = 1 << 16
@@ -352,6 +357,13 @@ class Lane:
             inbox.consume()
             have += count
 
+    def spin_budget(self) -> float:
+        """How long a wait spins now: 0 when spinning is off, else ``spin_s``, or
+        ``BUSY_SPIN_S`` while every core is taken (``transport.contention``)."""
+        if not self.spin_s:
+            return 0.0
+        return min(self.spin_s, BUSY_SPIN_S) if cores_busy() else self.spin_s
+
     def ring_round(self) -> LaneRound:
         """Round 0's connections: to ``rank - 1`` and from ``rank + 1`` (``transport.tcp.ring``)."""
         return self._rounds[0]
@@ -362,7 +374,7 @@ class Lane:
         finds nothing costs 3 us, its ``BlockingIOError`` included."""
         inbox = rd.inbox
         readable = rd.poller.poll
-        give_up = time.perf_counter() + self.spin_s
+        give_up = time.perf_counter() + self.spin_budget()
         while time.perf_counter() < give_up:
             if not readable(0):
                 continue

@@ -44,6 +44,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from torchcomms.transport.contention import cores_busy
 from torchcomms.transport.tcp.lane import (
     SLICE_MS,
     LanePeerGone,
@@ -73,6 +74,9 @@ _IN = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 #: the peer's whole call returned and its next one started (a ``poll`` wake-up of an idle
 #: vCPU costs 0.1-4 ms here).
 SPIN_S = 1e-3
+#: The spin while every core is taken (``transport.contention``): a long one would hold
+#: a core the peer or the work beside the ranks needs.
+BUSY_SPIN_S = 100e-6
 #: How long the helper thread drives before it lets a waiting thread take over.
 _HELPER_SLICE_MS = 5
 #: How long posted ops wait for a thread of their own before the helper drives them.
@@ -236,6 +240,7 @@ class P2P:
         """(driver) Spin while ``spin_s`` allows, yield while ``yield_s`` allows, then
         block in ``poll`` for one slice."""
         idle_since = 0.0
+        spin_s = -1.0  # asked the first time nothing moved
         while True:
             moved = self._progress(0)
             if _all_done(ops):
@@ -247,9 +252,13 @@ class P2P:
             if not idle_since:
                 idle_since = now
             idle = now - idle_since
-            if idle < self.spin_s:
+            if spin_s < 0:
+                spin_s = self.spin_s
+                if spin_s and cores_busy():
+                    spin_s = min(spin_s, BUSY_SPIN_S)
+            if idle < spin_s:
                 continue
-            if idle < self.spin_s + self.yield_s:
+            if idle < spin_s + self.yield_s:
                 os.sched_yield()
                 continue
             if not self._progress(SLICE_MS):

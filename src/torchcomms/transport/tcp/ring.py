@@ -25,7 +25,7 @@ whose frame a header exchange would refuse as oversize) raise before anything is
 combined or written.  A control frame (``BYE``, ``FAILED …``) in place of a prefix is a
 goodbye, as in ``transport.tcp.lane``.
 
-**Waits** as the lane's: a short spin when spinning is allowed, then ``poll`` in slices
+**Waits** as the lane's: a spin when spinning is allowed (``Lane.spin_budget``), then ``poll`` in slices
 of ``SLICE_MS`` with ``between`` (abort, liveness, deadline) after each idle slice.
 Sends progress in the same loop, so the two directions of a step never deadlock.
 """
@@ -210,7 +210,7 @@ class Ring:
         stage, target, got, their_block = 0, memoryview(self._prefix), 0, -1
         if recv is None:
             stage = 3
-        spin_s = self.lane.spin_s
+        spin_s = -1.0  # asked the first time nothing moved (``Lane.spin_budget``)
         idle_since = 0.0
         while True:
             moved = False
@@ -263,6 +263,8 @@ class Ring:
             if moved:
                 idle_since = 0.0
                 continue
+            if spin_s < 0:
+                spin_s = self.lane.spin_budget()
             if spin_s:
                 now = time.perf_counter()
                 if not idle_since:

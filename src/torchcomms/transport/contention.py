@@ -1,0 +1,45 @@
+"""Whether every core this process may use is taken right now, for how long a wait spins.
+
+Why: on a VM, a rank that blocks in ``poll`` leaves its vCPU idle, and waking an idle
+vCPU costs 0.1-4 ms; two ranks that each block before the other answers fall into that
+rhythm and stay there.  A spin of a millisecond keeps them out of it.  When the cores are
+busy (training's compute and data loading beside the ranks), a long spin holds a core a
+peer or the work needs, and a short one is better (measured with ``bench --load``).
+
+The sign is Linux's count of runnable tasks (``/proc/loadavg``'s fourth field, this task
+included) against the cores this process may run on.  Read with ``pread`` on a kept
+descriptor (~1 us), at most once per ``REFRESH_S``; where it cannot be read the cores
+count as busy (the short spin).  Any thread may ask; a stale answer only costs speed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+#: How long one reading of the run queue is trusted.
+REFRESH_S = 0.005
+
+_fd: int | None = None
+_cores = 0
+_busy = True
+_checked = -1.0
+
+
+def cores_busy() -> bool:
+    """Whether more tasks are runnable on this machine than this process has cores."""
+    global _fd, _cores, _busy, _checked
+    now = time.monotonic()
+    if now - _checked < REFRESH_S:
+        return _busy
+    _checked = now
+    try:
+        if _fd is None:
+            _cores = len(os.sched_getaffinity(0))
+            _fd = os.open("/proc/loadavg", os.O_RDONLY | os.O_CLOEXEC)
+        running = int(os.pread(_fd, 128, 0).split()[3].split(b"/")[0])
+    except (OSError, AttributeError, IndexError, ValueError):
+        _busy = True
+        return _busy
+    _busy = running > _cores
+    return _busy
