@@ -1,6 +1,6 @@
 """``TcpDirect``: what the tcp path moves over its point-to-point connections
 (``transport.tcp.p2p``): send/recv, batched p2p, and the all_to_all that is not one ring
-exchange.
+exchange, and reduce among a few ranks.
 
 Untagged messages use even tags from a per-peer sequence number, tagged ones an odd tag
 of their own (``CpuOps.post``); an all_to_all's parts use the collective's sequence number,
@@ -11,18 +11,20 @@ cannot deadlock.  A mixin of ``TcpOps``, which owns the attributes declared here
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
 
 from torchcomms.backends.cpu.host_arrays import UserBytes, mark_written
 from torchcomms.backends.cpu.ops import Completion
+from torchcomms.backends.cpu.staging import finish_average
 from torchcomms.backends.cpu.tcp.waits import TcpWaiter
 from torchcomms.runtime.deadline import Deadline
 from torchcomms.transport.tcp.lane import LanePeerGone
 from torchcomms.transport.tcp.p2p import P2P, Transfer
-from torchcomms.transport.tcp.ring import as_bytes
-from torchcomms.types import P2POp, P2POpType
+from torchcomms.transport.tcp.ring import Combine, as_bytes
+from torchcomms.types import P2POp, P2POpType, RedOpType, ReduceOp
 
 # gloo tags are 32-bit: sequence numbers and user tags wrap within 2**30 (even / odd halves).
 _TAG_SPAN = 2**30
@@ -49,6 +51,53 @@ class TcpDirect:
     _send_seq: dict[int, int]
     _recv_seq: dict[int, int]
     _user_bytes: UserBytes
+
+    def _reduce_tree(
+        self,
+        flat: torch.Tensor,
+        root: int,
+        op: ReduceOp,
+        combine: Combine,
+        deadline: Deadline,
+    ) -> None:
+        """A binomial tree to ``root`` over the point-to-point connections, after the
+        header exchange (so every rank already saw every other's op): ``ceil(log2 n)``
+        rounds of whole tensors, in which half of the ranks still holding a partial result
+        send it to the other half.  For a few ranks, fewer meetings than the ring's
+        ``2 (n-1)`` steps (each a wake-up of every rank) and no forwarding by ranks that
+        are not on the way.  Ranks other than the root only read their tensor."""
+        n = self.size
+        me = (self.rank - root) % n  # the root is 0
+        tag = -1 - self.seq % _TAG_SPAN
+        src = flat * op.factor_value() if op.type is RedOpType.PREMUL_SUM else flat
+        acc = src
+        engine, waiter = self.p2p, self.waiter
+        mask = 1
+        while mask < n:
+            if me & mask:
+                peer = (me - mask + root) % n
+                move = [engine.post_send(peer, tag, as_bytes(acc))]
+            elif me + mask < n:
+                peer = (me + mask + root) % n
+                theirs = torch.empty_like(src)
+                move = [engine.post_recv(peer, tag, as_bytes(theirs))]
+            else:
+                mask *= 2
+                continue
+            try:
+                engine.wait(move, functools.partial(waiter.check_p2p, deadline, "reduce", [peer]))
+            except LanePeerGone as gone:
+                raise waiter.gone(gone, "reduce") from None
+            if me & mask:
+                return
+            out = flat if me == 0 else (acc if acc is not flat else torch.empty_like(src))
+            combine(acc, theirs, out)
+            acc = out
+            mask *= 2
+        if acc is not flat:
+            flat.copy_(acc)
+        mark_written((flat,))
+        finish_average(flat, op, n)
 
     def _all_to_all_direct(
         self,

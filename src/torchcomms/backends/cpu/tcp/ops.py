@@ -10,8 +10,9 @@ between ranks (it aborts the process on those).
   header exchange: the payload rides in the header's row, and reductions run locally in
   rank order where that cannot change a bit of gloo's result (exact dtypes, order-free
   ops, or two float32/64 operands).
-* Large all_reduce, reduce, reduce_scatter, all_gather and broadcast run on the lane's ring
-  (``cpu.tcp.ring_ops``), the header in their first frame.
+* Large all_reduce, reduce (two ranks, or more than ``TREE_MAX``; a binomial tree over the
+  point-to-point connections between), reduce_scatter, all_gather and broadcast run on the
+  lane's ring (``cpu.tcp.ring_ops``), the header in their first frame.
 * all_to_all past the inline limit: two ranks, equal parts: one exchange on the ring;
   otherwise a header exchange, then every part at once over the point-to-point
   connections (``cpu.tcp.direct``).
@@ -45,7 +46,7 @@ from torchcomms.backends.cpu.tcp.direct import TcpDirect
 from torchcomms.backends.cpu.tcp.exchange import Exchange
 from torchcomms.backends.cpu.tcp.liveness import Liveness
 from torchcomms.backends.cpu.tcp.mismatch import MismatchReport
-from torchcomms.backends.cpu.tcp.ring_ops import RingOps
+from torchcomms.backends.cpu.tcp.ring_ops import RingOps, combiner
 from torchcomms.backends.cpu.tcp.waits import GLOO_MARGIN_S, TcpWaiter
 from torchcomms.runtime import fingerprint as F
 from torchcomms.runtime.deadline import Deadline
@@ -55,6 +56,10 @@ from torchcomms.transport.procs import process_alive
 from torchcomms.transport.tcp.lane import Lane
 from torchcomms.transport.tcp.p2p import P2P
 from torchcomms.types import RedOpType, ReduceOp
+
+#: Up to this many ranks, a large reduce runs as a binomial tree over the point-to-point
+#: connections (``TcpDirect._reduce_tree``); beyond, on the ring, whose root takes in less.
+TREE_MAX = 4
 
 _EXACT_ORDER_FREE = (RedOpType.MAX, RedOpType.MIN, RedOpType.BAND, RedOpType.BOR)
 
@@ -257,6 +262,10 @@ class TcpOps(TcpDirect, CpuOps):
                 if self.rank == root:
                     self._reduce_rows(host, op)
                     finish_average(host, op, self.size)
+                return
+            if self.size <= TREE_MAX and self.size > 2 and host.is_contiguous():
+                self.enter(fp, deadline)
+                self._reduce_tree(host.view(-1), root, op, combiner(op, host.dtype), deadline)
                 return
             if self.rings.fits(host, self.size):
                 self.rings.reduce(host.view(-1), root, op, fp, deadline)
