@@ -47,6 +47,7 @@ from collections.abc import Callable
 from torchcomms.transport.contention import cores_busy
 from torchcomms.transport.tcp.lane import (
     SLICE_MS,
+    STREAM_BYTES,
     LanePeerGone,
     LaneProtocolError,
     broken,
@@ -254,7 +255,9 @@ class P2P:
             idle = now - idle_since
             if spin_s < 0:
                 spin_s = self.spin_s
-                if spin_s and cores_busy():
+                if spin_s and any(op.length >= STREAM_BYTES for op in ops):
+                    spin_s = 0.0  # a stream: block (``lane.STREAM_BYTES``)
+                elif spin_s and cores_busy():
                     spin_s = min(spin_s, BUSY_SPIN_S)
             if idle < spin_s:
                 continue

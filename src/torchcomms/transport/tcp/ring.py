@@ -41,6 +41,7 @@ import torch
 
 from torchcomms.transport.tcp.lane import (
     SLICE_MS,
+    STREAM_BYTES,
     Lane,
     LanePeerGone,
     LaneProtocolError,
@@ -264,7 +265,8 @@ class Ring:
                 idle_since = 0.0
                 continue
             if spin_s < 0:
-                spin_s = self.lane.spin_budget()
+                streams = max(expected, len(send) if send is not None else 0) >= STREAM_BYTES
+                spin_s = 0.0 if streams else self.lane.spin_budget()
             if spin_s:
                 now = time.perf_counter()
                 if not idle_since:
