@@ -2,10 +2,11 @@
 
 Real processes over real sockets (``TORCHCOMM_TRANSPORT=tcp``), past the inline limit:
 
-* all_reduce, reduce (to every root), reduce_scatter, all_gather, broadcast and all_to_all
-  at worlds 2-4, with element counts that do not split evenly, every reduce op and several
-  dtypes, compared bit for bit with a locally computed oracle (integer-valued data, so float sums are exact);
-  broadcast from every root, through segments when there are ranks in the middle;
+* all_reduce, reduce (to every root; also past ``TREE_MAX`` ranks, on the ring),
+  reduce_scatter, all_gather, broadcast and all_to_all at worlds 2-4, with element counts
+  that do not split evenly, every reduce op and several dtypes, compared bit for bit with
+  a locally computed oracle (integer-valued data, so float sums are exact); broadcast
+  from every root, through segments when there are ranks in the middle;
   all_gather whose input is its own slot of the output; all_to_all (one exchange on the
   lane at two ranks) in place on one rank only.
 * The result is the same bits on every rank (float data with rounding).
@@ -25,6 +26,7 @@ import torch
 from tests.chaos import faults
 from tests.harness import RankContext, RankFailure, run_ranks
 from torchcomms import ReduceOp, new_comm
+from torchcomms.backends.cpu.tcp.ops import TREE_MAX
 from torchcomms.backends.cpu.tcp.ring_ops import FOLD_BYTES
 
 TCP = {"TORCHCOMM_TRANSPORT": "tcp"}
@@ -146,6 +148,28 @@ def _ring_ops(ctx: RankContext) -> dict[str, int]:
 def test_ring_ops_match_the_oracle(world: int) -> None:
     results = run_ranks(_ring_ops, world, timeout=180, env=TCP)
     assert len({r["checked"] for r in results}) == 1 and results[0]["checked"] > 20, results
+
+
+def _ring_reduce(ctx: RankContext) -> int:
+    """Past ``TREE_MAX`` ranks a large reduce runs on the ring: every root, sum and max."""
+    comm = new_comm("gloo", torch.device("cpu"), name="ring_reduce", store=ctx.store)
+    n, r = comm.get_size(), comm.get_rank()
+    checked = 0
+    for root in range(n):
+        for dtype, name in ((torch.float32, "SUM"), (torch.int64, "MAX")):
+            op, oracle = _REDUCE[name]
+            rows = torch.stack([_data(q, COUNT, dtype) for q in range(n)])
+            t = _data(r, COUNT, dtype)
+            comm.reduce(t, root, op, False)
+            assert torch.equal(t, oracle(rows.double()).to(dtype) if r == root else rows[r])
+            checked += 1
+    comm.finalize()
+    return checked
+
+
+def test_a_reduce_of_more_ranks_than_the_tree_takes_runs_on_the_ring() -> None:
+    world = TREE_MAX + 1
+    assert run_ranks(_ring_reduce, world, timeout=180, env=TCP) == [2 * world] * world
 
 
 def _same_bits(ctx: RankContext) -> str:

@@ -54,7 +54,9 @@ BUSY_SPIN_S = 100e-6
 #: A transfer at least this large streams: its waits block from the start (no spin), so
 #: the cores go to the network stack and the peer, which set its pace (2 simulated hosts,
 #: 64 MiB broadcast: 1.73 cores busy spinning against gloo's 1.2, at 0.78 of its speed).
-STREAM_BYTES = 1 << 20
+#: Below it a wake-up of an idle vCPU costs more than the spin (1 MiB over loopback:
+#: 0.8 of Open MPI's time with the spin, 0.46 without).
+STREAM_BYTES = 4 << 20
 _U32 = struct.Struct("<I")
 _CONTROL = 0xFFFF_FFFF
 _START_CAP = 1 << 16

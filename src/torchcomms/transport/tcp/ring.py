@@ -25,8 +25,9 @@ whose frame a header exchange would refuse as oversize) raise before anything is
 combined or written.  A control frame (``BYE``, ``FAILED …``) in place of a prefix is a
 goodbye, as in ``transport.tcp.lane``.
 
-**Waits** as the lane's: a spin when spinning is allowed (``Lane.spin_budget``), then ``poll`` in slices
-of ``SLICE_MS`` with ``between`` (abort, liveness, deadline) after each idle slice.
+**Waits** as the lane's: a spin when spinning is allowed (``Lane.spin_budget``; none in
+a step of ``STREAM_BYTES`` or more), then ``poll`` in slices of ``SLICE_MS`` with
+``between`` (abort, liveness, deadline) after each idle slice.
 Sends progress in the same loop, so the two directions of a step never deadlock.
 """
 

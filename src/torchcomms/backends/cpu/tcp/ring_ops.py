@@ -7,9 +7,11 @@ mismatch check costs no extra round trip.  A rank sees only its neighbour's head
 difference is announced around the ring and made whole by ``cpu.tcp.mismatch``.
 
 * all_reduce: ring reduce-scatter (partial sums in scratch, so the caller's tensor is
-  untouched until every header passed) then all-gather into the tensor.
-* reduce: the reduce-scatter half, then the reduced chunks to the root (two ranks: one
-  way; more: the all-gather half, into scratch off the root).
+  untouched until every header passed) then all-gather into the tensor.  Two ranks: one
+  exchange of the whole tensor, the peer's data combined piece by piece as it arrives.
+* reduce: two ranks: the peer's tensor one way to the root, combined as it arrives (the
+  root's header goes the other way).  More: the reduce-scatter half, then the all-gather
+  half, into scratch off the root.
 * reduce_scatter: the reduce-scatter half, partial sums in scratch (the input is the
   caller's).
 * all_gather: the all-gather half, straight into the output; this rank's own chunk is
@@ -145,9 +147,9 @@ class RingOps:
     def reduce(
         self, flat: torch.Tensor, root: int, op: ReduceOp, fp: Fingerprint, deadline: Deadline
     ) -> None:
-        """The reduce-scatter half, then every reduced chunk to the root: with two ranks the
-        peer sends its chunk one way (nothing comes back); with more, the all-gather half
-        into scratch on the ranks that are not the root (their tensor is only read)."""
+        """Two ranks: ``_pair_reduce``.  More (``TcpOps`` sends 3-4 ranks to a tree): the
+        reduce-scatter half, then the all-gather half, into scratch on the ranks that are
+        not the root (their tensor is only read)."""
         header, check, between = self._enter(fp, "reduce", deadline)
         if self.size == 2:
             self._pair_reduce(flat, root, op, header, check, between)
@@ -159,16 +161,8 @@ class RingOps:
         is_root = self.rank == root
         with self._lane_errors("reduce"):
             self.ring.reduce_scatter(src, own, combiner(op, flat.dtype), header, check, between)
-            if self.size == 2:
-                theirs_first, theirs_k = plan[1 - self.rank]
-                into = flat[theirs_first : theirs_first + theirs_k]
-                if is_root:
-                    self.ring.step(None, as_bytes(into), None, None, between, header_in=False)
-                else:
-                    self.ring.step(as_bytes(own), None, None, None, between)
-            else:
-                dst = flat if is_root else self._spare(flat)
-                self.ring.all_gather(dst, plan, None, None, between, own=own)
+            dst = flat if is_root else self._spare(flat)
+            self.ring.all_gather(dst, plan, None, None, between, own=own)
         if is_root:
             flat[first : first + k].copy_(own)
             finish_average(flat, op, self.size)
