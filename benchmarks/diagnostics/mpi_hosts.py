@@ -60,10 +60,8 @@ def main() -> int:
             ["ip", "addr", "add", f"{BRIDGE_ADDRESS}/24", "dev", layout.bridge], check=True
         )
         cases = "\n".join(
-            f'  {addr}) ns={ns}; name={name} ;;'
-            for addr, ns, name in zip(
-                layout.addresses, layout.netns, layout.hostnames, strict=True
-            )
+            f"  {addr}) ns={ns}; name={name} ;;"
+            for addr, ns, name in zip(layout.addresses, layout.netns, layout.hostnames, strict=True)
         )
         agent = os.path.join(tmp, "agent.sh")
         with open(agent, "w") as f:

@@ -71,12 +71,10 @@ __all__ = ["P2P", "SPIN_S", "Transfer"]
 
 _IN = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 #: How long a wait spins (non-blocking passes) before it blocks in ``poll``, when every
-#: rank of the host has a core: longer than the lane's, since a reply comes only after
-#: the peer's whole call returned and its next one started (a ``poll`` wake-up of an idle
-#: vCPU costs 0.1-4 ms here).
+#: rank of the host has a core, as the lane's: a reply comes only after the peer's whole
+#: call returned and its next one started (a ``poll`` wake-up of an idle vCPU: 0.1-4 ms).
 SPIN_S = 1e-3
-#: The spin while every core is taken (``transport.contention``): a long one would hold
-#: a core the peer or the work beside the ranks needs.
+#: The spin while every core is taken (``transport.contention``), as the lane's.
 BUSY_SPIN_S = 100e-6
 #: How long the helper thread drives before it lets a waiting thread take over.
 _HELPER_SLICE_MS = 5
