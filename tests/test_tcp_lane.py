@@ -474,3 +474,22 @@ def test_waits_spin_briefly_while_every_core_is_taken() -> None:
         for hog in hogs:
             hog.kill()
             hog.wait()
+
+
+def test_a_run_queue_that_cannot_be_read_counts_as_busy() -> None:
+    """Where ``/proc/loadavg`` cannot be read (here: its descriptor closed under it), the
+    cores count as busy, so waits keep the short spin; the next reading opens it again."""
+    from torchcomms.transport import contention
+
+    contention._checked = -1.0
+    contention.cores_busy()  # opens the descriptor
+    fd = contention._fd
+    assert fd is not None
+    os.close(fd)
+    contention._checked = -1.0
+    assert contention.cores_busy() is True
+    assert contention._fd is None
+    contention._checked = -1.0
+    contention.cores_busy()
+    assert contention._fd is not None and contention._fd >= 0
+    os.pread(contention._fd, 1, 0)  # a live descriptor again

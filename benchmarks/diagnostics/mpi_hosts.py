@@ -68,6 +68,7 @@ def main() -> int:
             f.write(_AGENT.format(cases=cases))
         os.chmod(agent, 0o755)
         subnet = f"{SUBNET}.0/24"
+        os.environ.setdefault("PYTHONPATH", "")  # ``-x PYTHONPATH`` needs it set
         command = [
             mpirun,
             "--allow-run-as-root",
@@ -86,7 +87,6 @@ def main() -> int:
             *(["-x", "TORCHCOMM_TRANSPORT"] if "TORCHCOMM_TRANSPORT" in os.environ else []),
             *(sys.executable, "-m", "torchcomms.bench", *bench_args),
         ]
-        os.environ.setdefault("PYTHONPATH", "")
         return subprocess.run(command).returncode
 
 

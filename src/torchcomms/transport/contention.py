@@ -9,7 +9,7 @@ peer or the work needs, and a short one is better (measured with ``bench --load`
 The sign is Linux's count of runnable tasks (``/proc/loadavg``'s fourth field, this task
 included) against the cores this process may run on.  Read with ``pread`` on a kept
 descriptor (~1 us), at most once per ``REFRESH_S``; where it cannot be read the cores
-count as busy (the short spin).  Any thread may ask; a stale answer only costs speed.
+count as busy (the short spin) and the next reading opens it again.  Any thread may ask; a stale answer only costs speed.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def cores_busy() -> bool:
             _fd = os.open("/proc/loadavg", os.O_RDONLY | os.O_CLOEXEC)
         running = int(os.pread(_fd, 128, 0).split()[3].split(b"/")[0])
     except (OSError, AttributeError, IndexError, ValueError):
+        _fd = None  # opened again at the next reading
         _busy = True
         return _busy
     _busy = running > _cores

@@ -263,7 +263,7 @@ class TcpOps(TcpDirect, CpuOps):
                     self._reduce_rows(host, op)
                     finish_average(host, op, self.size)
                 return
-            if self.size <= TREE_MAX and self.size > 2 and host.is_contiguous():
+            if 2 < self.size <= TREE_MAX and host.is_contiguous():
                 self.enter(fp, deadline)
                 self._reduce_tree(host.view(-1), root, op, combiner(op, host.dtype), deadline)
                 return
