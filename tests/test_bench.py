@@ -807,6 +807,7 @@ def test_two_ranks_on_each_of_two_simulated_hosts(tmp_path: Any, transport: str)
     assert doc["ok"] and not _leftovers(env["simulated_hosts"]["bridge"][3:-2])
 
 
+@pytest.mark.slow  # the launcher's failure path without hosts runs by default (above)
 @pytest.mark.netns
 def test_simulated_hosts_are_deleted_when_a_rank_fails() -> None:
     _needs_netns()
