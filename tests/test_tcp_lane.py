@@ -452,11 +452,13 @@ def test_a_peer_that_answers_other_than_at_is_named(answer: bytes | None, said: 
 def test_waits_spin_briefly_while_every_core_is_taken() -> None:
     """``transport.contention``: with more spinning processes than this process's cores,
     the run queue says the cores are busy, and a lane that may spin spins only
-    ``BUSY_SPIN_S`` (a lane that may not spin never does)."""
+    ``BUSY_SPIN_S``, or not at all for a peer that needs this core (a lane that may not
+    spin never does)."""
     from torchcomms.transport import contention
 
     lane = tcp_lane.Lane(0, 1, [], [], spin_s=tcp_lane.SPIN_S)
     still = tcp_lane.Lane(0, 1, [], [], spin_s=0.0)
+    affinity = os.sched_getaffinity(0)
     hogs = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"])
         for _ in range(len(os.sched_getaffinity(0)) + 1)
@@ -470,7 +472,22 @@ def test_waits_spin_briefly_while_every_core_is_taken() -> None:
         assert seen, "the run queue never showed the spinning processes"
         assert lane.spin_budget() == tcp_lane.BUSY_SPIN_S
         assert still.spin_budget() == 0.0
+        # A peer that last sent from the core this thread runs on, on this kernel (this
+        # host, or a network namespace of it) needs that core: no spin at all.  On another
+        # core, or from another kernel (another host), the short spin.
+        me = contention.current_cpu()
+        assert me >= 0
+        os.sched_setaffinity(0, {me})
+        kernel = contention.KERNEL_ID
+        assert kernel != 0
+        lane.peer_cores([-1, me, me + 1, me], [kernel, kernel, kernel, kernel ^ 1])
+        assert lane.spin_budget(1) == 0.0
+        assert lane.spin_budget(2) == tcp_lane.BUSY_SPIN_S
+        assert lane.spin_budget(3) == tcp_lane.BUSY_SPIN_S
+        assert lane.spin_budget(0) == tcp_lane.BUSY_SPIN_S  # never heard from: unknown
+        assert still.spin_budget(1) == 0.0
     finally:
+        os.sched_setaffinity(0, affinity)
         for hog in hogs:
             hog.kill()
             hog.wait()

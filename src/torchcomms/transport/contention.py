@@ -14,8 +14,12 @@ count as busy (the short spin) and the next reading opens it again.  Any thread 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import hashlib
 import os
 import time
+from collections.abc import Callable
 
 #: How long one reading of the run queue is trusted.
 REFRESH_S = 0.005
@@ -44,3 +48,32 @@ def cores_busy() -> bool:
         return _busy
     _busy = running > _cores
     return _busy
+
+
+def _getcpu() -> Callable[[], int]:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        call = libc.sched_getcpu
+    except (OSError, AttributeError):
+        return lambda: -1
+    call.restype = ctypes.c_int
+    call.argtypes = []
+    return call
+
+
+#: The core the calling thread runs on now (-1 where unknown): ``sched_getcpu``, ~0.3 us.
+current_cpu: Callable[[], int] = _getcpu()
+
+
+def _kernel_id() -> int:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            boot = f.read().strip()
+    except OSError:
+        return 0
+    return int.from_bytes(hashlib.sha256(boot).digest()[:8], "little", signed=True) or 1
+
+
+#: This kernel's boot as a nonzero int64 (0 where unknown): processes that show the same
+#: one share cores, also from different network namespaces (simulated hosts).
+KERNEL_ID = _kernel_id()

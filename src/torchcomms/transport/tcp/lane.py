@@ -21,7 +21,8 @@ A connection that ends without either means the peer's process is gone.
 
 **Waits.**  First a spin (only when every rank of this host has a core: a poll wake-up
 of an idle vCPU costs 0.1-4 ms on a small VM, far more than the bytes; a millisecond, or
-a tenth of that while every core is taken, ``spin_budget``), then ``poll`` in slices of
+a tenth of that while every core is taken, and none for a peer queued on this core:
+``spin_budget``), then ``poll`` in slices of
 ``SLICE_MS``; between slices the caller's ``between``
 callback checks the abort flag, the peers' liveness and the deadline (it raises).
 Sends are non-blocking, progressed in the same loop, so no pair of ranks can deadlock.
@@ -42,7 +43,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from torchcomms.transport.contention import cores_busy
+from torchcomms.transport.contention import KERNEL_ID, cores_busy, current_cpu
 
 #: How long one ``poll`` may block before the caller's checks run.
 SLICE_MS = 50
@@ -282,6 +283,9 @@ class Lane:
             for (to, frm), s, r in zip(rounds(rank, size), send_socks, recv_socks, strict=True)
         ]
         self._said_goodbye = False
+        # Each rank's core when it last sent, and its kernel (``peer_cores``).
+        self._cores: Any = None
+        self._kernels: Any = None
         #: Rank -> card (``transport.tcp.meet``): what each lane neighbour said of itself.
         self.cards: dict[int, str] = {}
 
@@ -363,12 +367,35 @@ class Lane:
             inbox.consume()
             have += count
 
-    def spin_budget(self) -> float:
-        """How long a wait spins now: 0 when spinning is off, else ``spin_s``, or
-        ``BUSY_SPIN_S`` while every core is taken (``transport.contention``)."""
+    def peer_cores(self, cores: Any, kernels: Any) -> None:
+        """Where to read each rank's core when it last sent and its kernel (indexable by
+        rank, kept up to date by the caller: ``backends.cpu.tcp.exchange``'s headers)."""
+        self._cores, self._kernels = cores, kernels
+
+    def spin_budget(self, peer: int = -1) -> float:
+        """How long a wait for ``peer`` spins now: 0 when spinning is off, else ``spin_s``,
+        or, while every core is taken (``transport.contention``), ``BUSY_SPIN_S``, and 0
+        when ``peer`` last sent from the core this thread runs on.
+
+        Why the last: with every core taken, the scheduler may leave both ranks on one
+        core's queue (and the load on the other), where a spin holds the core the peer
+        needs to answer: 0.35-0.45 ms per small op where 40-80 us is usual (2 ranks,
+        ``bench --load 2 --vs gloo``; 45-100 us with the ranks pinned apart)."""
         if not self.spin_s:
             return 0.0
-        return min(self.spin_s, BUSY_SPIN_S) if cores_busy() else self.spin_s
+        if not cores_busy():
+            return self.spin_s
+        if self.shares_core(peer):
+            return 0.0
+        return min(self.spin_s, BUSY_SPIN_S)
+
+    def shares_core(self, peer: int) -> bool:
+        """Whether ``peer`` (-1: none) last sent from the core this thread runs on, on this
+        kernel (this host, or a network namespace of it)."""
+        kernels = self._kernels
+        if peer < 0 or kernels is None or not KERNEL_ID or kernels[peer] != KERNEL_ID:
+            return False
+        return bool(self._cores[peer] == current_cpu())
 
     def ring_round(self) -> LaneRound:
         """Round 0's connections: to ``rank - 1`` and from ``rank + 1`` (``transport.tcp.ring``)."""
@@ -380,7 +407,7 @@ class Lane:
         finds nothing costs 3 us, its ``BlockingIOError`` included."""
         inbox = rd.inbox
         readable = rd.poller.poll
-        give_up = time.perf_counter() + self.spin_budget()
+        give_up = time.perf_counter() + self.spin_budget(rd.recv_from)
         while time.perf_counter() < give_up:
             if not readable(0):
                 continue

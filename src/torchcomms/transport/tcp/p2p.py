@@ -45,8 +45,10 @@ import time
 from collections.abc import Callable
 
 from torchcomms.transport.contention import cores_busy
-from torchcomms.transport.tcp.lane import (
+from torchcomms.transport.tcp.lane import (  # the spins: as the lane's waits
+    BUSY_SPIN_S,
     SLICE_MS,
+    SPIN_S,
     STREAM_BYTES,
     LanePeerGone,
     LaneProtocolError,
@@ -70,12 +72,6 @@ from torchcomms.transport.tcp.wire import (
 __all__ = ["P2P", "SPIN_S", "Transfer"]
 
 _IN = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
-#: How long a wait spins (non-blocking passes) before it blocks in ``poll``, when every
-#: rank of the host has a core, as the lane's: a reply comes only after the peer's whole
-#: call returned and its next one started (a ``poll`` wake-up of an idle vCPU: 0.1-4 ms).
-SPIN_S = 1e-3
-#: The spin while every core is taken (``transport.contention``), as the lane's.
-BUSY_SPIN_S = 100e-6
 #: How long the helper thread drives before it lets a waiting thread take over.
 _HELPER_SLICE_MS = 5
 #: How long posted ops wait for a thread of their own before the helper drives them.
@@ -106,6 +102,8 @@ class P2P:
         #: blocks in ``poll`` (ranks sharing cores: a peer on this core runs at once, and a
         #: reply does not pay a sleeping process's wake-up).
         self.yield_s = yield_s
+        #: Whether a peer needs this thread's core (``Lane.shares_core``; set by the comm).
+        self.shares_core: Callable[[int], bool] = lambda peer: False
         self._outs: dict[int, OutConn] = {}
         self._ins: dict[int, InConn] = {}  # by fd
         self._posted: dict[int, collections.deque[Transfer]] = collections.defaultdict(
@@ -256,7 +254,8 @@ class P2P:
                 if spin_s and any(op.length >= STREAM_BYTES for op in ops):
                     spin_s = 0.0  # a stream: block (``lane.STREAM_BYTES``)
                 elif spin_s and cores_busy():
-                    spin_s = min(spin_s, BUSY_SPIN_S)
+                    shared = any(not op.done and self.shares_core(op.peer) for op in ops)
+                    spin_s = 0.0 if shared else min(spin_s, BUSY_SPIN_S)
             if idle < spin_s:
                 continue
             if idle < spin_s + self.yield_s:

@@ -267,7 +267,7 @@ class Ring:
                 continue
             if spin_s < 0:
                 streams = max(expected, len(send) if send is not None else 0) >= STREAM_BYTES
-                spin_s = 0.0 if streams else self.lane.spin_budget()
+                spin_s = 0.0 if streams else self.lane.spin_budget(peer)
             if spin_s:
                 now = time.perf_counter()
                 if not idle_since:

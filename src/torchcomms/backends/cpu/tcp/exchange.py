@@ -23,10 +23,14 @@ from torchcomms.backends.cpu.tcp.waits import TcpWaiter
 from torchcomms.runtime import fingerprint as F
 from torchcomms.runtime.deadline import Deadline
 from torchcomms.runtime.fingerprint import Fingerprint
+from torchcomms.transport.contention import KERNEL_ID, current_cpu
 from torchcomms.transport.tcp.lane import Lane, LaneOversize, LanePeerGone
 
 _MAGIC = 0x70C0_C0DE
-_HEADER_WORDS = 8  # magic, seq, digest, descriptor, count, 3 spare (int64 each)
+# magic, seq, digest, descriptor, count, the sender's core and kernel (``Lane.spin_budget``),
+# 1 spare (int64 each)
+_HEADER_WORDS = 8
+_CPU, _KERNEL = 5, 6
 #: Where a row's payload starts.
 HEADER_BYTES = _HEADER_WORDS * 8
 _MIN_INLINE = 1024
@@ -55,9 +59,12 @@ class Exchange:
         self._bytes_view = rows.numpy().data.cast("B")
         self._mine = self._words[rank * words : (rank + 1) * words]
         self._mine[0] = _MAGIC
+        self._mine[_KERNEL] = KERNEL_ID
         self._payload_ptr = rows.data_ptr() + rank * self._row_bytes + HEADER_BYTES
         self._row_starts = [r * words for r in range(size)]
         self._table = rows.numpy().reshape(size, words)
+        self._table[:, _CPU] = -1
+        lane.peer_cores(self._table[:, _CPU], self._table[:, _KERNEL])
         self._lengths = [0] * size
         #: Every rank's row as bytes: ``[size, row bytes]``.
         self.rows = rows.view(torch.uint8).view(size, self._row_bytes)
@@ -72,6 +79,7 @@ class Exchange:
         mine = self._mine
         mine[1] = seq
         mine[2], mine[3], mine[4] = fp
+        mine[_CPU] = current_cpu()
         nbytes = 0
         if payload is not None and payload.numel():
             nbytes = payload.numel() * payload.element_size()
