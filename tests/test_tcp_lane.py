@@ -481,11 +481,15 @@ def test_waits_spin_briefly_while_every_core_is_taken() -> None:
         kernel = contention.KERNEL_ID
         assert kernel != 0
         lane.peer_cores([-1, me, me + 1, me], [kernel, kernel, kernel, kernel ^ 1])
+        assert lane.spin_budget(1) == tcp_lane.BUSY_SPIN_S  # not heard yet
+        lane.heard_cores()
         assert lane.spin_budget(1) == 0.0
         assert lane.spin_budget(2) == tcp_lane.BUSY_SPIN_S
         assert lane.spin_budget(3) == tcp_lane.BUSY_SPIN_S
         assert lane.spin_budget(0) == tcp_lane.BUSY_SPIN_S  # never heard from: unknown
         assert still.spin_budget(1) == 0.0
+        time.sleep(tcp_lane.CORES_FRESH_S * 1.5)  # stale: the scheduler may have moved it
+        assert lane.spin_budget(1) == tcp_lane.BUSY_SPIN_S
     finally:
         os.sched_setaffinity(0, affinity)
         for hog in hogs:

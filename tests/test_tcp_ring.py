@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -228,3 +229,27 @@ def test_a_rank_killed_inside_a_ring_all_reduce_is_named(
         assert got["type"] == "PeerFailureError", (rank, got)
         assert "peer rank 1 died" in got["text"], (rank, got)
         assert got["s"] < 3.0, (rank, got)
+
+
+def _peer_cores(ctx: RankContext) -> list[list[int]]:
+    """What this rank's lane heard of its peer's core and kernel: after a small op (the
+    exchange's rows) and after a ring op (the ring's header), each time from the peer."""
+    from torchcomms.transport import contention
+
+    comm = new_comm("gloo", torch.device("cpu"), name="peer_cores", store=ctx.store)
+    lane = comm.get_backend_impl()._ops.lane  # type: ignore[attr-defined]
+    peer = 1 - comm.get_rank()
+    seen = []
+    for count in (4, COUNT):  # the exchange, then the ring
+        lane._cores[peer] = -7  # overwritten only by what the peer sends
+        comm.all_reduce(torch.ones(count), ReduceOp.SUM, False)
+        seen.append([int(lane._cores[peer]), int(lane._kernels[peer] == contention.KERNEL_ID)])
+    comm.finalize()
+    return seen
+
+
+def test_headers_carry_the_senders_core_and_kernel() -> None:
+    """``Lane.shares_core``'s inputs come from the peer's headers, on both paths."""
+    for seen in run_ranks(_peer_cores, 2, timeout=120, env=TCP):
+        assert [kernel for _, kernel in seen] == [1, 1], seen
+        assert all(0 <= core < os.cpu_count() for core, _ in seen), seen  # type: ignore[operator]

@@ -58,6 +58,9 @@ BUSY_SPIN_S = 100e-6
 #: Below it a wake-up of an idle vCPU costs more than the spin (1 MiB over loopback:
 #: 0.8 of Open MPI's time with the spin, 0.46 without).
 STREAM_BYTES = 4 << 20
+#: How long what a peer's header said of its core is trusted (``Lane.shares_core``): the
+#: scheduler moves ranks, and a wait skips its spin on that word alone.
+CORES_FRESH_S = 0.05
 _U32 = struct.Struct("<I")
 _CONTROL = 0xFFFF_FFFF
 _START_CAP = 1 << 16
@@ -286,6 +289,7 @@ class Lane:
         # Each rank's core when it last sent, and its kernel (``peer_cores``).
         self._cores: Any = None
         self._kernels: Any = None
+        self._heard = -CORES_FRESH_S  # when they were last updated (``heard_cores``)
         #: Rank -> card (``transport.tcp.meet``): what each lane neighbour said of itself.
         self.cards: dict[int, str] = {}
 
@@ -369,8 +373,13 @@ class Lane:
 
     def peer_cores(self, cores: Any, kernels: Any) -> None:
         """Where to read each rank's core when it last sent and its kernel (indexable by
-        rank, kept up to date by the caller: ``backends.cpu.tcp.exchange``'s headers)."""
+        rank, kept up to date by the caller: ``backends.cpu.tcp.exchange``'s headers,
+        which calls ``heard_cores`` when they change)."""
         self._cores, self._kernels = cores, kernels
+
+    def heard_cores(self) -> None:
+        """The peers' cores were just updated (``peer_cores``)."""
+        self._heard = time.monotonic()
 
     def spin_budget(self, peer: int = -1) -> float:
         """How long a wait for ``peer`` spins now: 0 when spinning is off, else ``spin_s``,
@@ -391,9 +400,11 @@ class Lane:
 
     def shares_core(self, peer: int) -> bool:
         """Whether ``peer`` (-1: none) last sent from the core this thread runs on, on this
-        kernel (this host, or a network namespace of it)."""
+        kernel (this host, or a network namespace of it), within ``CORES_FRESH_S``."""
         kernels = self._kernels
         if peer < 0 or kernels is None or not KERNEL_ID or kernels[peer] != KERNEL_ID:
+            return False
+        if time.monotonic() - self._heard > CORES_FRESH_S:
             return False
         return bool(self._cores[peer] == current_cpu())
 

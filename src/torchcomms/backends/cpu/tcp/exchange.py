@@ -106,6 +106,7 @@ class Exchange:
             if theirs is None:
                 raise
             raise waiter.report.pairwise(what, (fp, seq), big.peer, theirs) from None
+        self.lane.heard_cores()
         got = self._words
         header = mine[1:5]
         for base in self._row_starts:  # the common case: equal headers, a few int compares
@@ -120,12 +121,18 @@ class Exchange:
         mine = self._mine
         mine[1] = seq
         mine[2], mine[3], mine[4] = fp
+        mine[_CPU] = current_cpu()
         start = self.rank * self._row_bytes
         return self._bytes_view[start : start + HEADER_BYTES]
 
-    def differs(self, theirs: memoryview) -> bool:
-        """Whether a peer's header (``HEADER_BYTES``) is not this rank's (magic to count)."""
-        return theirs.cast("q")[:5] != self._mine[:5]
+    def differs(self, theirs: memoryview, peer: int) -> bool:
+        """Whether ``peer``'s header (``HEADER_BYTES``) is not this rank's (magic to count);
+        notes the core and kernel it carries for the lane's waits."""
+        words = theirs.cast("q")
+        if len(words) > _KERNEL:
+            self._table[peer, _CPU : _KERNEL + 1] = words[_CPU : _KERNEL + 1]
+            self.lane.heard_cores()
+        return words[:5] != self._mine[:5]
 
     def payload(self, dtype: torch.dtype, first: int, count: int) -> torch.Tensor:
         """Elements ``first .. first+count`` of every rank's payload: ``[size, count]`` of

@@ -292,7 +292,7 @@ class RingOps:
         exchange, report, peer = self._exchange, waiter.report, (self.rank + 1) % self.size
 
         def check(theirs: memoryview) -> None:
-            if exchange.differs(theirs):
+            if exchange.differs(theirs, peer):
                 other = decode(theirs)
                 if other is None:
                     raise LaneProtocolError(f"rank {peer} sent a frame without an op header")
