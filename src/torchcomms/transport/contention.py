@@ -9,7 +9,12 @@ peer or the work needs, and a short one is better (measured with ``bench --load`
 The sign is Linux's count of runnable tasks (``/proc/loadavg``'s fourth field, this task
 included) against the cores this process may run on.  Read with ``pread`` on a kept
 descriptor (~1 us), at most once per ``REFRESH_S``; where it cannot be read the cores
-count as busy (the short spin) and the next reading opens it again.  Any thread may ask; a stale answer only costs speed.
+count as busy (the short spin) and the next reading opens it again.  Any thread may ask; a
+stale answer only costs speed.
+
+Also where a thread runs (``current_cpu``) and which kernel (``KERNEL_ID``): the tcp
+headers carry both, so a wait need not spin for a peer queued on its own core
+(``transport.tcp.lane.Lane.spin_budget``).
 """
 
 from __future__ import annotations
