@@ -207,10 +207,17 @@ def _unchecked_sizes(ctx: RankContext) -> dict[str, Any]:
 
 
 def test_with_the_check_off_a_size_mismatch_fails_without_overrunning() -> None:
+    """Both ranks fail the op: one at least names the block size; the other may instead
+    find its peer gone (the first closed its connections while this one was still
+    sending: the reset can come before the peer's frame is read)."""
     env = {**TCP, "TORCHCOMM_MISMATCH_CHECK": "0"}
-    for rank, seen in enumerate(run_ranks(_unchecked_sizes, 2, timeout=120, env=env)):
-        assert "expected" in seen["got"] and " B block" in seen["got"], (rank, seen)
-        assert seen["guard"], (rank, "wrote past the tensor")
+    seen = run_ranks(_unchecked_sizes, 2, timeout=120, env=env)
+    sized = [" B block" in s["got"] and "expected" in s["got"] for s in seen]
+    assert any(sized), seen
+    for rank, got in enumerate(seen):
+        gone = got["got"].startswith("PeerFailureError") and f"peer rank {1 - rank} " in got["got"]
+        assert sized[rank] or gone, (rank, got)
+        assert got["guard"], (rank, "wrote past the tensor")
 
 
 @pytest.mark.parametrize("hosts", [(), (0, 1, 2, 3)], ids=["one-host", "4-hosts"])
