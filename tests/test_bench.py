@@ -129,6 +129,7 @@ def test_cli_flags_defaults_and_quick_mode() -> None:
         (["--timeout", "0"], "--timeout must be positive"),
         (["--affinity", "everywhere"], "invalid choice: 'everywhere'"),
         (["--load", "-1"], "--load takes a number of processes >= 0 (got -1)"),
+        (["--threads", "-1"], "--threads takes a number of threads >= 0 (got -1)"),
         (["--nproc", "3", "--hosts", "2"], "--nproc 3 is not a multiple of --hosts 2"),
         (["--hosts", "3"], "--nproc 2 is not a multiple of --hosts 3"),
         (["--hosts", "0"], "--hosts takes 1 to 254 hosts (got 0)"),
@@ -551,6 +552,7 @@ def test_smoke_two_ranks_quick_json(tmp_path: Any) -> None:
     assert doc["ceiling_model"] == "memory" and "# %ceil: algbw / the memory-bound" in out
     settings = doc["settings"]
     assert settings["sizes"] == [8, 256, 8192, 262144] and settings["iters"] == 3
+    assert settings["threads"] == 1 and env["torch_threads"] == 1  # --threads' default
     rows = doc["results"]
     assert [r["op"] for r in rows if r["op"] in ("barrier", "sendrecv")] == ["sendrecv"] * 4 + [
         "barrier"

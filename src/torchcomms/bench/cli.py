@@ -113,6 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="N processes that keep a core busy each beside the ranks, as in training "
         "(default 0: quiet cores)",
     )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        metavar="N",
+        help="torch intra-op threads in each rank (torch.set_num_threads), for ours and the "
+        "baselines alike (default 1, as torchrun sets; 0: torch's own default, one per core, "
+        "as a script started otherwise gets)",
+    )
     p.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -132,6 +141,7 @@ _AS_GIVEN = (
     "json_path",
     "plot_path",
     "load",
+    "threads",
 )
 
 
@@ -152,6 +162,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, runner.Settings]:
         parser.error(str(exc))
     if not specs:
         parser.error("--op names no op")
+    if args.threads < 0:
+        parser.error(f"--threads takes a number of threads >= 0 (got {args.threads})")
     if args.load < 0:
         parser.error(f"--load takes a number of processes >= 0 (got {args.load})")
     if args.iters < 1:

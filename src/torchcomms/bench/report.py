@@ -119,6 +119,7 @@ class Printer:
             + (", vs gloo" if self.vs_gloo else "")
             + (", vs mpi" if self.vs_mpi else "")
             + (f", load {settings['load']} busy processes" if settings.get("load") else "")
+            + f", threads {settings.get('threads', 1) or 'torch default'}"
         )
         self.line(
             f"# host {env['hostname']}: {env['cpu_model']}, {env['usable_cores']} usable cores "

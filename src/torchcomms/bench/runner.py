@@ -70,6 +70,8 @@ class Settings:
     vs_mpi: bool = False
     #: ``--load N``: busy processes beside the ranks (``env.Load``).
     load: int = 0
+    #: ``--threads N``: torch's intra-op threads per rank (0: torch's default).
+    threads: int = 1
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -89,6 +91,7 @@ class Settings:
             "timeout_s": self.timeout_s,
             "quick": self.quick,
             "load": self.load,
+            "threads": self.threads,
         }
 
 
@@ -393,7 +396,8 @@ def _local_pids(store: Any, rank: int, size: int, same_machine: bool = False) ->
 
 
 def _run_rank(settings: Settings) -> int:
-    torch.set_num_threads(1)  # one core per rank, the same for ours, gloo and the probe
+    if settings.threads:  # the same for ours, the baselines and the probe
+        torch.set_num_threads(settings.threads)
     session = _open_session(settings)
     rank = session.rank
     load = envmod.Load(settings.load) if rank == 0 and settings.load else None
