@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable
 
 from torchcomms.errors import CommAbortedError, CommTimeoutError
+from torchcomms.runtime import intra_op
 from torchcomms.runtime.work import AbortSignal, AsyncWork
 
 Completion = Callable[[], None]
@@ -107,6 +108,7 @@ class OpExecutor:
             thread.join(timeout_s)
 
     def _run(self) -> None:
+        intra_op.for_this_thread()  # the ops' torch kernels: one OpenMP thread (why: there)
         aborted = self.aborted
         while True:
             with self._lock:

@@ -2,7 +2,8 @@
 
 Each op picks the connected transport's ``CpuOps`` (``_connected_ops``) and hands the op, as a
 body taking its deadline, to the execution plumbing here (``_run``: issue order, sync inline
-on the caller's thread or async on the comm's executor thread).  The hot ops (all_reduce,
+on the caller's thread or async on the comm's executor thread), with one OpenMP thread for
+its torch kernels (``runtime.intra_op``).  The hot ops (all_reduce,
 broadcast, barrier, send, recv) are written out for their sync fast path; every
 other op of the table is the same dispatch to the ``CpuOps`` method of its name
 (``_cold_op``).  ``TorchCommGloo`` subclasses it: it connects the transport and names and
@@ -22,6 +23,7 @@ from torchcomms.backends.contract import CommBackend, fill_ops
 from torchcomms.backends.cpu import allgather_p
 from torchcomms.backends.cpu.ops import Completion, CpuOps
 from torchcomms.errors import CommStateError, CommValidationError
+from torchcomms.runtime import intra_op
 from torchcomms.runtime.deadline import Deadline
 from torchcomms.runtime.executor import OpExecutor
 from torchcomms.runtime.state import CommState
@@ -33,6 +35,8 @@ from torchcomms.types import OpOptions, P2POp, P2POpType, ReduceOp
 OpBody = Callable[..., "Completion | None"]
 
 _READY = CommState.READY
+# The op's copies and reductions on one OpenMP thread (``runtime.intra_op``: why).
+_one_thread, _restore_threads = intra_op.one_thread, intra_op.restore
 _is_grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 
@@ -111,6 +115,7 @@ class CpuDispatch(CommBackend):
         grad = not grad_free and _is_grad_enabled()
         if grad:
             _set_grad_enabled(False)
+        threads = _one_thread()
         try:
             completion = body(*args, Deadline(opts.timeout))
             if completion is not None:
@@ -118,6 +123,8 @@ class CpuDispatch(CommBackend):
         except BaseException as exc:
             raise self._translate(exc, opts, peers) from exc
         finally:
+            if threads > 1:
+                _restore_threads(threads)
             if grad:
                 _set_grad_enabled(True)
         return CompletedWork()
@@ -155,12 +162,15 @@ class CpuDispatch(CommBackend):
             if ops is not None:
                 ops.unattended()  # no thread waits for it yet: the transport may help
 
-            def finish() -> None:
+            def finish() -> None:  # on the thread that waits
+                threads = _one_thread()
                 try:
                     with torch.no_grad():
                         completion()
                 except BaseException as exc:
                     raise self._translate(exc, opts, peers) from exc
+                finally:
+                    _restore_threads(threads)
 
             return finish
 
