@@ -170,7 +170,8 @@ class CpuDispatch(CommBackend):
                 except BaseException as exc:
                     raise self._translate(exc, opts, peers) from exc
                 finally:
-                    _restore_threads(threads)
+                    if threads > 1:
+                        _restore_threads(threads)
 
             return finish
 

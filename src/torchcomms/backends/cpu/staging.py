@@ -70,6 +70,11 @@ class all_on_host:
             s.__exit__(*exc)
 
 
+def premultiplied(tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+    """PREMUL_SUM's operand: ``tensor`` times the op's factor (a new tensor); else ``tensor``."""
+    return tensor * op.factor_value() if op.type is RedOpType.PREMUL_SUM else tensor
+
+
 def finish_average(tensor: torch.Tensor, op: ReduceOp, size: int) -> None:
     """AVG is a sum divided by the member count (integers truncate, as torch does)."""
     if op.type is RedOpType.AVG:

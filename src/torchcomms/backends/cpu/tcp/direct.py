@@ -18,13 +18,13 @@ import torch
 
 from torchcomms.backends.cpu.host_arrays import UserBytes, mark_written
 from torchcomms.backends.cpu.ops import Completion
-from torchcomms.backends.cpu.staging import finish_average
+from torchcomms.backends.cpu.staging import finish_average, premultiplied
 from torchcomms.backends.cpu.tcp.waits import TcpWaiter
 from torchcomms.runtime.deadline import Deadline
 from torchcomms.transport.tcp.lane import LanePeerGone
 from torchcomms.transport.tcp.p2p import P2P, Transfer
 from torchcomms.transport.tcp.ring import Combine, as_bytes
-from torchcomms.types import P2POp, P2POpType, RedOpType, ReduceOp
+from torchcomms.types import P2POp, P2POpType, ReduceOp
 
 # gloo tags are 32-bit: sequence numbers and user tags wrap within 2**30 (even / odd halves).
 _TAG_SPAN = 2**30
@@ -69,7 +69,7 @@ class TcpDirect:
         n = self.size
         me = (self.rank - root) % n  # the root is 0
         tag = -1 - self.seq % _TAG_SPAN
-        src = flat * op.factor_value() if op.type is RedOpType.PREMUL_SUM else flat
+        src = premultiplied(flat, op)
         acc = src
         engine, waiter = self.p2p, self.waiter
         mask = 1

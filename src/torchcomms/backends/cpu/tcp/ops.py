@@ -41,7 +41,7 @@ import torch._C._distributed_c10d as c10d
 from torchcomms.backends.cpu.host_arrays import UserBytes
 from torchcomms.backends.cpu.ops import CpuOps
 from torchcomms.backends.cpu.reductions import reduce_rows
-from torchcomms.backends.cpu.staging import finish_average, on_host, overlaps
+from torchcomms.backends.cpu.staging import finish_average, on_host, overlaps, premultiplied
 from torchcomms.backends.cpu.tcp.direct import TcpDirect
 from torchcomms.backends.cpu.tcp.exchange import Exchange
 from torchcomms.backends.cpu.tcp.liveness import Liveness
@@ -72,10 +72,6 @@ _NOTHING = torch.empty(0)
 def _premultiply(tensor: torch.Tensor, op: ReduceOp) -> None:
     if op.type is RedOpType.PREMUL_SUM:
         tensor.mul_(op.factor_value())
-
-
-def _premultiplied(tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
-    return tensor * op.factor_value() if op.type is RedOpType.PREMUL_SUM else tensor
 
 
 class TcpOps(TcpDirect, CpuOps):
@@ -219,7 +215,7 @@ class TcpOps(TcpDirect, CpuOps):
         fp = F.make(F.ALL_REDUCE, tensor.dtype, tensor.numel(), redop=op)
         with on_host(tensor) as host:
             if self.inline_reduce(host, op):
-                self.enter(fp, deadline, _premultiplied(host, op))
+                self.enter(fp, deadline, premultiplied(host, op))
                 self._reduce_rows(host, op)
                 finish_average(host, op, self.size)
                 return
@@ -259,7 +255,7 @@ class TcpOps(TcpDirect, CpuOps):
         fp = F.make(F.REDUCE, tensor.dtype, tensor.numel(), root, op)
         with on_host(tensor) as host:
             if self.inline_reduce(host, op):
-                self.enter(fp, deadline, _premultiplied(host, op))
+                self.enter(fp, deadline, premultiplied(host, op))
                 if self.rank == root:
                     self._reduce_rows(host, op)
                     finish_average(host, op, self.size)
@@ -308,7 +304,7 @@ class TcpOps(TcpDirect, CpuOps):
         with on_host(output) as host_out:
             out = host_out.view(-1)
             if self.inline_reduce(out, op, flat_in.numel() * flat_in.element_size()):
-                self.enter(fp, deadline, _premultiplied(flat_in, op))
+                self.enter(fp, deadline, premultiplied(flat_in, op))
                 self._reduce_rows(out, op, self.rank * n)
                 finish_average(out, op, self.size)
                 return
@@ -322,7 +318,7 @@ class TcpOps(TcpDirect, CpuOps):
     def _reduce_scatter_flat(
         self, out: torch.Tensor, flat_in: torch.Tensor, op: ReduceOp, deadline: Deadline
     ) -> None:
-        flat_in = _premultiplied(flat_in, op)  # never scale the caller's input in place
+        flat_in = premultiplied(flat_in, op)  # never scale the caller's input in place
         o = c10d.ReduceScatterOptions()
         o.reduceOp = gloo.c10d_op(op, out.dtype)
         self.arm(o, deadline)

@@ -40,7 +40,7 @@ from collections.abc import Callable
 import torch
 
 from torchcomms.backends.cpu.reductions import BINARY, BINARY_BOOL
-from torchcomms.backends.cpu.staging import finish_average
+from torchcomms.backends.cpu.staging import finish_average, premultiplied
 from torchcomms.backends.cpu.tcp.exchange import HEADER_BYTES, Exchange, decode
 from torchcomms.backends.cpu.tcp.waits import TcpWaiter
 from torchcomms.runtime.deadline import Deadline
@@ -113,7 +113,7 @@ class RingOps:
             return
         plan = spans(flat.numel(), self.size)
         first, k = plan[self.rank]
-        src = flat * op.factor_value() if op.type is RedOpType.PREMUL_SUM else flat
+        src = premultiplied(flat, op)
         # The reduce-scatter half leaves the caller's tensor alone (partial sums in
         # scratch): only once every rank's header passed does any byte of it change.
         own = self.ring.scratch(flat.dtype, max(n for _, n in plan), 3)[:k]
@@ -135,7 +135,7 @@ class RingOps:
         data piece by piece as it arrives (``_Folding``).  The same bytes cross the wire as
         in the ring's two steps, with one meeting fewer; both ranks compute ``mine (op)
         theirs``, and every op here is commutative, so they end with the same bits."""
-        src = flat * op.factor_value() if op.type is RedOpType.PREMUL_SUM else flat
+        src = premultiplied(flat, op)
         theirs = self._spare(flat)
         fold = _Folding(src, theirs, flat, combiner(op, flat.dtype), sending=src is flat)
         with self._lane_errors("all_reduce"):
@@ -156,7 +156,7 @@ class RingOps:
             return
         plan = spans(flat.numel(), self.size)
         first, k = plan[self.rank]
-        src = flat * op.factor_value() if op.type is RedOpType.PREMUL_SUM else flat
+        src = premultiplied(flat, op)
         own = self.ring.scratch(flat.dtype, max(n for _, n in plan), 3)[:k]
         is_root = self.rank == root
         with self._lane_errors("reduce"):
@@ -179,7 +179,7 @@ class RingOps:
         """Two ranks: the peer sends its whole tensor one way and the root combines it
         piece by piece as it arrives; the root's header travels the other way at the same
         time, so both ranks check the pair without a round trip."""
-        src = flat * op.factor_value() if op.type is RedOpType.PREMUL_SUM else flat
+        src = premultiplied(flat, op)
         with self._lane_errors("reduce"):
             if self.rank != root:
                 self.ring.step(as_bytes(src), _NOTHING, header, check, between)
