@@ -52,6 +52,16 @@ def test_one_thread_is_this_threads_alone_and_comes_back(two_threads: None) -> N
     assert intra_op.one_thread() == 1 and torch.get_num_threads() == 1
 
 
+def test_without_an_openmp_runtime_nothing_changes(
+    two_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(intra_op, "_set", None)
+    assert intra_op.one_thread() == 1 and torch.get_num_threads() == 2
+    intra_op.restore(2)
+    intra_op.for_this_thread()
+    assert torch.get_num_threads() == 2
+
+
 def test_a_comm_thread_keeps_one_for_good(two_threads: None) -> None:
     if intra_op._set is None:
         pytest.skip("torch here uses no OpenMP runtime")

@@ -449,7 +449,7 @@ def test_a_peer_that_answers_other_than_at_is_named(answer: bytes | None, said: 
     assert str(info.value) == said
 
 
-def test_waits_spin_briefly_while_every_core_is_taken() -> None:
+def test_waits_spin_briefly_while_every_core_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
     """``transport.contention``: with more spinning processes than this process's cores,
     the run queue says the cores are busy, and a lane that may spin spins only
     ``BUSY_SPIN_S``, or not at all for a peer that needs this core (a lane that may not
@@ -489,6 +489,20 @@ def test_waits_spin_briefly_while_every_core_is_taken() -> None:
         assert lane.spin_budget(0) == tcp_lane.BUSY_SPIN_S  # never heard from: unknown
         assert still.spin_budget(1) == 0.0
         time.sleep(tcp_lane.CORES_FRESH_S * 1.5)  # stale: the scheduler may have moved it
+        assert lane.spin_budget(1) == tcp_lane.BUSY_SPIN_S
+        lane.heard_cores()
+        assert lane.spin_budget(1) == 0.0
+        # Where the core cannot be known (no sched_getcpu: -1 on both sides), it is not shared.
+        monkeypatch.setattr(tcp_lane, "current_cpu", lambda: -1)
+        lane.peer_cores([-1, -1], [kernel, kernel])
+        lane.heard_cores()
+        assert lane.spin_budget(1) == tcp_lane.BUSY_SPIN_S
+        # Where this kernel's boot id could not be read, no peer counts as sharing a core.
+        monkeypatch.setattr(tcp_lane, "current_cpu", lambda: me)
+        lane.peer_cores([-1, me], [0, 0])
+        lane.heard_cores()
+        assert lane.spin_budget(1) == tcp_lane.BUSY_SPIN_S
+        monkeypatch.setattr(tcp_lane, "KERNEL_ID", 0)
         assert lane.spin_budget(1) == tcp_lane.BUSY_SPIN_S
     finally:
         os.sched_setaffinity(0, affinity)

@@ -406,7 +406,8 @@ class Lane:
             return False
         if time.monotonic() - self._heard > CORES_FRESH_S:
             return False
-        return bool(self._cores[peer] == current_cpu())
+        core = self._cores[peer]
+        return bool(core >= 0 and core == current_cpu())  # -1: unknown, never shared
 
     def ring_round(self) -> LaneRound:
         """Round 0's connections: to ``rank - 1`` and from ``rank + 1`` (``transport.tcp.ring``)."""
