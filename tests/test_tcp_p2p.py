@@ -9,6 +9,8 @@ processes.
   large synchronous send completes while this rank is busy elsewhere (through the
   communicator: an async recv, then a collective).
 * A peer's goodbye and a peer that vanishes fail the receives waiting on it.
+* Each frame carries the core its sender posted it from, the hello the sender's kernel:
+  ``shares_core`` trusts a fresh frame on this kernel and otherwise asks the lane.
 * The read buffer: frames cut anywhere (one byte at a time, or many in one segment),
   frames larger than the buffer, receives posted before and after their message, a
   receive of the wrong size, and a goodbye cut in pieces, all from a raw socket that
@@ -30,6 +32,7 @@ import torch
 
 from tests.harness import RankContext, RankFailure, run_ranks
 from torchcomms import ReduceOp, new_comm
+from torchcomms.transport import contention
 from torchcomms.transport.tcp import lane as tcp_lane
 from torchcomms.transport.tcp import p2p as tcp_p2p
 from torchcomms.transport.tcp import wire
@@ -302,8 +305,8 @@ def test_a_send_on_a_connection_the_peer_reset_fails_naming_the_peer() -> None:
     eng.close()
 
 
-def _frame(tag: int, payload: bytes) -> bytes:
-    return struct.pack("<Qq", len(payload), tag) + payload
+def _frame(tag: int, payload: bytes, core: int = -1) -> bytes:
+    return struct.pack("<Qqi", len(payload), tag, core) + payload
 
 
 def _dialled_engine() -> tuple[P2P, socket.socket]:
@@ -312,7 +315,7 @@ def _dialled_engine() -> tuple[P2P, socket.socket]:
     eng = P2P(0, listener, "tok", lambda r: ("127.0.0.1", 1, "unused"))
     raw = socket.create_connection(listener.getsockname())
     raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    raw.sendall(b"HI tok 5\n")
+    raw.sendall(b"HI tok 5 0\n")  # kernel 0: not said
     return eng, raw
 
 
@@ -383,7 +386,7 @@ def test_a_goodbye_cut_in_pieces_fails_the_receive_with_its_text() -> None:
     eng, raw = _dialled_engine()
     op = eng.post_recv(5, 0, memoryview(bytearray(4)))
     text = b"FAILED dead 1,2"
-    frame = struct.pack("<Qq", (1 << 64) - 1, 0) + struct.pack("<I", len(text)) + text
+    frame = struct.pack("<Qqi", (1 << 64) - 1, 0, -1) + struct.pack("<I", len(text)) + text
     writer = _write_in_pieces(raw, frame, [3, 5, 1, 13, 2])
     with pytest.raises(LanePeerGone) as info:
         eng.wait([op], _deadline())
@@ -391,3 +394,51 @@ def test_a_goodbye_cut_in_pieces_fails_the_receive_with_its_text() -> None:
     assert info.value.peer == 5 and info.value.said == text.decode()
     raw.close()
     eng.close()
+
+
+def _learned_core(ctx: RankContext) -> list[int]:
+    """What rank 1's engine learned of rank 0 from its hello and one frame."""
+    eng = _engine(ctx)
+    if ctx.rank == 0:
+        eng.wait([eng.post_send(1, 0, as_bytes(torch.ones(4)))], _deadline())
+        ctx.store.wait(["read"])
+        eng.close()
+        return []
+    eng.wait([eng.post_recv(0, 0, as_bytes(torch.zeros(4)))], _deadline())
+    ctx.store.set("read", "1")
+    conn = eng._in_from[0]
+    eng.close()
+    return [conn.core, int(conn.kernel == contention.KERNEL_ID)]
+
+
+def test_frames_carry_the_senders_core_and_the_hello_its_kernel() -> None:
+    core, same_kernel = run_ranks(_learned_core, 2, timeout=60)[1]
+    assert same_kernel == 1 and 0 <= core < (os.cpu_count() or 1), (core, same_kernel)
+
+
+def test_a_peer_shares_the_core_only_by_a_fresh_frame_from_it_on_this_kernel() -> None:
+    """``P2P.shares_core``: the peer's last frame named this thread's core, on this kernel,
+    within ``CORES_FRESH_S``; otherwise it asks the lane (the collectives' headers)."""
+    here = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {here[0]})  # this thread's core is known: here[0]
+    try:
+        for kernel, core, want in [
+            (contention.KERNEL_ID, here[0], True),
+            (contention.KERNEL_ID, here[0] + 1, False),  # another core
+            (contention.KERNEL_ID, -1, False),  # the sender could not tell
+            (contention.KERNEL_ID ^ 1, here[0], False),  # another host's kernel
+        ]:
+            listener = tcp_lane.listen("127.0.0.1")
+            eng = P2P(0, listener, "tok", lambda r: ("127.0.0.1", 1, "unused"))
+            eng.lane_shares_core = lambda peer: peer == 5
+            assert eng.shares_core(5)  # nothing from the peer yet: the lane's answer
+            raw = socket.create_connection(listener.getsockname())
+            raw.sendall(f"HI tok 5 {kernel}\n".encode() + _frame(0, b"abcd", core))
+            eng.wait([eng.post_recv(5, 0, memoryview(bytearray(4)))], _deadline())
+            assert eng.shares_core(5) is want, (kernel, core)
+            time.sleep(tcp_lane.CORES_FRESH_S * 1.5)
+            assert eng.shares_core(5)  # stale: the lane's answer again
+            raw.close()
+            eng.close()
+    finally:
+        os.sched_setaffinity(0, here)

@@ -6,12 +6,13 @@ thread; those hand-offs cost 100-200 µs per message on a small VM.  Here the th
 that waits moves the bytes itself.
 
 **Connections.**  Rank ``a`` sends to ``b`` over a connection ``a`` dialled to ``b``'s
-listener (``HI token rank``), made the first time ``a`` sends to ``b``: a job whose ranks
+listener (``HI token rank kernel``), made the first time ``a`` sends to ``b``: a job whose ranks
 talk to two neighbours holds four sockets per rank, not ``2 (n-1)``.  The kernel
 completes the handshake even before ``b`` accepts, so a send never waits for the
 receiver to be in a call.
 
-**Frames.**  ``u64 length``, ``i64 tag``, then the payload; a length of ``2**64 - 1``
+**Frames.**  ``u64 length``, ``i64 tag``, ``i32 core`` (the sender's, for
+``shares_core``), then the payload; a length of ``2**64 - 1``
 starts a goodbye (``u32 length`` + text).  Messages of one pair and tag match in order;
 a message that arrives before its receive is posted waits in a per-peer queue (one
 copy).  Each connection is read into a buffer of ``READ_BUF`` bytes, so one ``recv``
@@ -44,9 +45,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from torchcomms.transport.contention import cores_busy
+from torchcomms.transport.contention import KERNEL_ID, cores_busy, current_cpu
 from torchcomms.transport.tcp.lane import (  # the spins: as the lane's waits
     BUSY_SPIN_S,
+    CORES_FRESH_S,
     SLICE_MS,
     SPIN_S,
     STREAM_BYTES,
@@ -102,10 +104,13 @@ class P2P:
         #: blocks in ``poll`` (ranks sharing cores: a peer on this core runs at once, and a
         #: reply does not pay a sleeping process's wake-up).
         self.yield_s = yield_s
-        #: Whether a peer needs this thread's core (``Lane.shares_core``; set by the comm).
-        self.shares_core: Callable[[int], bool] = lambda peer: False
+        #: Whether a peer last sent from this thread's core, as the collectives' headers
+        #: say (``Lane.shares_core``; set by the comm): asked when this engine's own frames
+        #: from that peer say nothing fresh (``shares_core``).
+        self.lane_shares_core: Callable[[int], bool] = lambda peer: False
         self._outs: dict[int, OutConn] = {}
         self._ins: dict[int, InConn] = {}  # by fd
+        self._in_from: dict[int, InConn] = {}  # by peer
         self._posted: dict[int, collections.deque[Transfer]] = collections.defaultdict(
             collections.deque
         )
@@ -161,7 +166,7 @@ class P2P:
     def _send_now(self, out: OutConn, op: Transfer) -> bool:
         """Send ``op`` on ``out`` (queue empty, driver held): whether it is done (sent or
         failed); otherwise ``out.parts`` holds what is left of it, for ``_send_all``."""
-        parts: list[memoryview | bytes] = [HEAD.pack(op.length, op.tag)]
+        parts: list[memoryview | bytes] = [HEAD.pack(op.length, op.tag, current_cpu())]
         if op.length:
             parts.append(op.view)
         left = send_some(out.sock, parts)
@@ -197,7 +202,7 @@ class P2P:
         host, port, theirs = self._address_of(peer)
         sock = socket.create_connection((host, port), timeout=10.0)
         data_socket(sock)
-        sock.sendall(f"HI {theirs} {self.rank}\n".encode())
+        sock.sendall(f"HI {theirs} {self.rank} {KERNEL_ID}\n".encode())
         sock.setblocking(False)
         return sock
 
@@ -264,6 +269,18 @@ class P2P:
             if not self._progress(SLICE_MS):
                 between()
             return
+
+    def shares_core(self, peer: int) -> bool:
+        """Whether ``peer`` last sent from the core this thread runs on, on this kernel:
+        by its last frame here when that came within ``CORES_FRESH_S`` (a job of send and
+        recv alone has no collective headers), else as the lane last heard.  Why it
+        matters: ``Lane.spin_budget``."""
+        conn = self._in_from.get(peer)
+        if conn is None or time.monotonic() - conn.heard > CORES_FRESH_S:
+            return self.lane_shares_core(peer)
+        if not KERNEL_ID or conn.kernel != KERNEL_ID:
+            return False
+        return conn.core >= 0 and conn.core == current_cpu()  # -1: unknown, never shared
 
     def kick(self) -> None:
         """After posting: if no thread comes to wait for the ops, the helper drives them."""
@@ -342,7 +359,7 @@ class P2P:
             while out.queue:
                 op = out.queue[0]
                 if not out.parts:
-                    out.parts = [HEAD.pack(op.length, op.tag)]
+                    out.parts = [HEAD.pack(op.length, op.tag, current_cpu())]
                     if op.length:
                         out.parts.append(op.view)
                 left = send_some(out.sock, out.parts)
@@ -380,13 +397,14 @@ class P2P:
                 return
             except OSError:
                 return
-            peer = hello(conn, self._token)
-            if peer is None:
+            said = hello(conn, self._token)
+            if said is None:
                 conn.close()  # not one of ours
                 continue
+            peer, kernel = said
             data_socket(conn)
             conn.setblocking(False)
-            self._ins[conn.fileno()] = InConn(conn, peer)
+            self._ins[conn.fileno()] = self._in_from[peer] = InConn(conn, peer, kernel)
             self._readable.register(conn, _IN)
 
     def _read(self, conn: InConn) -> bool:
@@ -446,10 +464,11 @@ class P2P:
             start, avail = conn.start, conn.end - conn.start
             if avail < HEAD.size:
                 return
-            length, tag = HEAD.unpack_from(buf, start)
+            length, tag, core = HEAD.unpack_from(buf, start)
             if length == GOODBYE:
                 self._goodbye_frame(conn)
                 return
+            conn.core, conn.heard = core, time.monotonic()
             whole = HEAD.size + length
             if whole <= avail:  # the common case: the whole frame is here
                 body = start + HEAD.size
@@ -559,7 +578,7 @@ class P2P:
             return
         self._said = True
         data = text.encode()
-        frame = HEAD.pack(GOODBYE, 0) + U32.pack(len(data)) + data
+        frame = HEAD.pack(GOODBYE, 0, -1) + U32.pack(len(data)) + data
         for out in self._outs.values():
             if not out.parts:
                 with contextlib.suppress(OSError):

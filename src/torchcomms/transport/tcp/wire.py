@@ -14,7 +14,9 @@ import time
 
 from torchcomms.transport.tcp.lane import LaneProtocolError
 
-HEAD = struct.Struct("<Qq")
+#: ``u64 length``, ``i64 tag``, ``i32 core``: the core the sender's thread ran on when it
+#: posted the message (-1 unknown), for ``P2P.shares_core``.
+HEAD = struct.Struct("<Qqi")
 U32 = struct.Struct("<I")
 GOODBYE = (1 << 64) - 1
 #: Per connection: frames up to this size (head included) are read whole into it.
@@ -60,11 +62,14 @@ class InConn:
 
     __slots__ = (
         "buf",
+        "core",
         "end",
         "eof",
         "error",
         "got",
+        "heard",
         "into",
+        "kernel",
         "mv",
         "peer",
         "said",
@@ -74,9 +79,14 @@ class InConn:
         "target",
     )
 
-    def __init__(self, sock: socket.socket, peer: int) -> None:
+    def __init__(self, sock: socket.socket, peer: int, kernel: int = 0) -> None:
         self.sock = sock
         self.peer = peer
+        #: The peer's kernel (``contention.KERNEL_ID``; 0 unknown), from its hello; the
+        #: core its last frame was posted from and when that frame came (``monotonic``).
+        self.kernel = kernel
+        self.core = -1
+        self.heard = 0.0
         self.buf = bytearray(READ_BUF)
         self.mv = memoryview(self.buf)
         self.start = 0
@@ -91,9 +101,10 @@ class InConn:
         self.error: str | None = None
 
 
-def hello(conn: socket.socket, token: str) -> int | None:
-    """The rank of a dialling peer (``HI token rank``), or None if it is not one.  Reads
-    exactly the line: the peer's first message may follow it in the same segment."""
+def hello(conn: socket.socket, token: str) -> tuple[int, int] | None:
+    """The rank and kernel of a dialling peer (``HI token rank kernel``), or None if it is
+    not one.  Reads exactly the line: the peer's first message may follow it in the same
+    segment."""
     conn.settimeout(2.0)
     try:
         while True:
@@ -110,10 +121,10 @@ def hello(conn: socket.socket, token: str) -> int | None:
     except OSError:
         return None
     words = data.decode(errors="replace").split()
-    if len(words) != 3 or words[0] != "HI" or words[1] != token:
+    if len(words) != 4 or words[0] != "HI" or words[1] != token:
         return None
     try:
-        return int(words[2])
+        return int(words[2]), int(words[3])
     except ValueError:
         return None
 

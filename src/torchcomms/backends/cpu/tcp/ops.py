@@ -114,7 +114,7 @@ class TcpOps(TcpDirect, CpuOps):
         self.rings = RingOps(lane, self.exchange, self.waiter, self._begin, check)
         #: Point-to-point over direct connections.
         self.p2p = p2p
-        p2p.shares_core = lane.shares_core  # the cores the lane's headers carry
+        p2p.lane_shares_core = lane.shares_core  # the cores the lane's headers carry
         self._user_bytes = UserBytes()
 
     def describe(self) -> str:
