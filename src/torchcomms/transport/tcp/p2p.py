@@ -63,12 +63,14 @@ from torchcomms.transport.tcp.wire import (
     GOODBYE,
     HEAD,
     READ_BUF,
-    U32,
     InConn,
     OutConn,
     Transfer,
+    all_done,
     deliver,
+    goodbye_frame,
     hello,
+    read_goodbye,
 )
 
 __all__ = ["P2P", "SPIN_S", "Transfer"]
@@ -209,7 +211,7 @@ class P2P:
     # -- waiting ---------------------------------------------------------------------------
     def wait(self, ops: list[Transfer], between: Callable[[], None]) -> None:
         """Drive until every op of ``ops`` is done; raise the first one's error."""
-        if not _all_done(ops):  # (a send that went out when posted is done)
+        if not all_done(ops):  # (a send that went out when posted is done)
             self._drive_until(ops, between)
         for op in ops:
             if op.error is not None:
@@ -224,7 +226,7 @@ class P2P:
             with self._wake:
                 self._waiting += 1
         try:
-            while not _all_done(ops):
+            while not all_done(ops):
                 if not self._drive.acquire(timeout=SLICE_MS / 1000):
                     between()
                     continue
@@ -245,7 +247,7 @@ class P2P:
         spin_s = -1.0  # asked the first time nothing moved
         while True:
             moved = self._progress(0)
-            if _all_done(ops):
+            if all_done(ops):
                 return
             if moved:
                 idle_since = 0.0
@@ -276,11 +278,8 @@ class P2P:
         recv alone has no collective headers), else as the lane last heard.  Why it
         matters: ``Lane.spin_budget``."""
         conn = self._in_from.get(peer)
-        if conn is None or time.monotonic() - conn.heard > CORES_FRESH_S:
-            return self.lane_shares_core(peer)
-        if not KERNEL_ID or conn.kernel != KERNEL_ID:
-            return False
-        return conn.core >= 0 and conn.core == current_cpu()  # -1: unknown, never shared
+        said = None if conn is None else conn.shares_core(CORES_FRESH_S)
+        return self.lane_shares_core(peer) if said is None else said
 
     def kick(self) -> None:
         """After posting: if no thread comes to wait for the ops, the helper drives them."""
@@ -466,7 +465,8 @@ class P2P:
                 return
             length, tag, core = HEAD.unpack_from(buf, start)
             if length == GOODBYE:
-                self._goodbye_frame(conn)
+                if read_goodbye(conn):  # its whole text is in: lose ``conn`` with it
+                    self._lost(conn)
                 return
             conn.core, conn.heard = core, time.monotonic()
             whole = HEAD.size + length
@@ -487,20 +487,6 @@ class P2P:
             conn.into = op if op is not None else target.obj  # type: ignore[assignment]
             conn.target, conn.got, conn.tag = target, have, tag
             return
-
-    def _goodbye_frame(self, conn: InConn) -> None:
-        """A goodbye at the head of ``conn``'s buffer: once its text is in, lose ``conn``
-        with it (a text longer than the buffer is cut)."""
-        start, avail = conn.start, conn.end - conn.start
-        text_at = start + HEAD.size + U32.size
-        if avail < HEAD.size + U32.size:
-            return
-        (n,) = U32.unpack_from(conn.buf, start + HEAD.size)
-        n = min(n, 4096, READ_BUF - HEAD.size - U32.size)
-        if conn.end - text_at < n:
-            return
-        conn.said = bytes(conn.mv[text_at : text_at + n]).decode(errors="replace")
-        self._lost(conn)
 
     def _arrived_bytes(self, peer: int, tag: int, data: memoryview) -> None:
         """A whole small frame, still in the read buffer: into its receive, or copied out
@@ -577,8 +563,7 @@ class P2P:
         if self._said:
             return
         self._said = True
-        data = text.encode()
-        frame = HEAD.pack(GOODBYE, 0, -1) + U32.pack(len(data)) + data
+        frame = goodbye_frame(text)
         for out in self._outs.values():
             if not out.parts:
                 with contextlib.suppress(OSError):
@@ -607,11 +592,3 @@ class P2P:
 def _closed(peer: int) -> tuple[str, int, str]:
     """A closed engine dials nobody."""
     raise OSError(f"the point-to-point engine is closed (peer rank {peer})")
-
-
-def _all_done(ops: list[Transfer]) -> bool:
-    """``all(op.done ...)`` without a generator: the spin asks this every pass."""
-    for op in ops:  # noqa: SIM110
-        if not op.done:
-            return False
-    return True

@@ -1,6 +1,7 @@
 """The wire format and per-connection records of ``transport.tcp.p2p`` (its module docstring says how
-they are used): the frame head, the goodbye marker, a posted ``Transfer``, the outgoing and
-incoming connection of one peer, and the hello line a dialling peer sends first.
+they are used): the frame head, the goodbye frame (written and read), a posted ``Transfer``,
+the outgoing and incoming connection of one peer (and what the incoming one says of the
+core its peer sends from), and the hello line a dialling peer sends first.
 
 Everything here is plain data; the engine's driver thread reads and writes it.
 """
@@ -12,6 +13,7 @@ import socket
 import struct
 import time
 
+from torchcomms.transport.contention import KERNEL_ID, current_cpu
 from torchcomms.transport.tcp.lane import LaneProtocolError
 
 #: ``u64 length``, ``i64 tag``, ``i32 core``: the core the sender's thread ran on when it
@@ -100,6 +102,15 @@ class InConn:
         #: What the socket raised when the connection broke, or None (it simply ended).
         self.error: str | None = None
 
+    def shares_core(self, fresh_s: float) -> bool | None:
+        """Whether the peer's last frame, if it came within ``fresh_s``, was posted from the
+        core the calling thread runs on, on this kernel; None when none came that recently."""
+        if time.monotonic() - self.heard > fresh_s:
+            return None
+        if not KERNEL_ID or self.kernel != KERNEL_ID:
+            return False
+        return self.core >= 0 and self.core == current_cpu()  # -1: unknown, never shared
+
 
 def hello(conn: socket.socket, token: str) -> tuple[int, int] | None:
     """The rank and kernel of a dialling peer (``HI token rank kernel``), or None if it is
@@ -127,6 +138,35 @@ def hello(conn: socket.socket, token: str) -> tuple[int, int] | None:
         return int(words[2]), int(words[3])
     except ValueError:
         return None
+
+
+def goodbye_frame(text: str) -> bytes:
+    """The goodbye that tells a peer why this rank stops."""
+    data = text.encode()
+    return HEAD.pack(GOODBYE, 0, -1) + U32.pack(len(data)) + data
+
+
+def read_goodbye(conn: InConn) -> bool:
+    """A goodbye heads ``conn``'s buffer: whether its whole text is in (then in
+    ``conn.said``; a text longer than the buffer is cut)."""
+    start, avail = conn.start, conn.end - conn.start
+    text_at = start + HEAD.size + U32.size
+    if avail < HEAD.size + U32.size:
+        return False
+    (n,) = U32.unpack_from(conn.buf, start + HEAD.size)
+    n = min(n, 4096, READ_BUF - HEAD.size - U32.size)
+    if conn.end - text_at < n:
+        return False
+    conn.said = bytes(conn.mv[text_at : text_at + n]).decode(errors="replace")
+    return True
+
+
+def all_done(ops: list[Transfer]) -> bool:
+    """``all(op.done ...)`` without a generator: a spin asks this every pass."""
+    for op in ops:  # noqa: SIM110
+        if not op.done:
+            return False
+    return True
 
 
 def deliver(op: Transfer, data: bytearray | memoryview) -> None:
