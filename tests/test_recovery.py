@@ -338,6 +338,9 @@ def test_shrink_after_kill(placement: str, second: bool, tmp_path: Path) -> None
 
 
 # -- the example ---------------------------------------------------------------------------------
+# The default run kills a rank and shrinks in this file's tests above and across hosts in
+# tests/chaos/test_netns.py; the example's own run (7-8 s) is a longer variant.
+@pytest.mark.slow
 def test_elastic_shrink_example() -> None:
     """``examples/elastic_shrink.py``: a rank killed mid-training, the survivors finish."""
     repo = Path(__file__).resolve().parent.parent

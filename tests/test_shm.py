@@ -130,14 +130,20 @@ MOVING = (
 )
 
 
-def equivalence_cases(world: int) -> list[Case]:
-    """The whole op x dtype x reduce-op x size table; roots and sync/async rotate."""
+#: The default run's dtypes: one of each element size (1, 2, 4 and 8 bytes), floats, integers
+#: and bool; every dtype with ``-m slow`` (``tests/test_collectives.py``'s matrix checks every
+#: dtype against arithmetic in the default run).
+SOME_DTYPES = (torch.bool, torch.bfloat16, torch.float32, torch.int64)
+
+
+def equivalence_cases(world: int, dtypes: Sequence[torch.dtype] = ALL_DTYPES) -> list[Case]:
+    """The op x dtype x reduce-op x size table; roots and sync/async rotate."""
     cases: list[Case] = []
     for op in (*REDUCING, *MOVING):
         reds: Callable[[torch.dtype], Sequence[str | None]] = (
             reds_for if op in REDUCING else (lambda _d: (None,))
         )
-        for dtype in ALL_DTYPES:
+        for dtype in dtypes:
             for red in reds(dtype):
                 for n in SIZES:
                     i = len(cases)
@@ -147,11 +153,12 @@ def equivalence_cases(world: int) -> list[Case]:
     return cases
 
 
-def expected_case_count(world: int) -> int:
+def expected_case_count(dtypes: Sequence[torch.dtype]) -> int:
     """Independent count of the table above (an empty or truncated table fails the test)."""
-    per_dtype_reds = sum(len(reds_for(d)) for d in ALL_DTYPES)  # 7*4 floats + 8*4 ints + 7 bool
-    assert per_dtype_reds == 67
-    return len(SIZES) * (len(REDUCING) * per_dtype_reds + len(MOVING) * len(ALL_DTYPES)) + 4
+    per_dtype_reds = sum(len(reds_for(d)) for d in dtypes)
+    # every dtype: 7*4 floats + 8*4 ints + 7 bool; some: 7*2 floats + 8 int64 + 7 bool
+    assert per_dtype_reds == (67 if len(dtypes) == len(ALL_DTYPES) else 29), dtypes
+    return len(SIZES) * (len(REDUCING) * per_dtype_reds + len(MOVING) * len(dtypes)) + 4
 
 
 def v_size(rank: int, n: int) -> int:
@@ -346,7 +353,7 @@ def _difference(label: str, got: torch.Tensor, exp: torch.Tensor, avg_float: boo
     )
 
 
-def _equivalence(ctx: RankContext) -> dict[str, Any]:
+def _equivalence(ctx: RankContext, dtypes: Sequence[torch.dtype]) -> dict[str, Any]:
     """Every case on a TCP comm and an shm comm: both equal each other and the reference."""
     tcp = new_comm(
         "gloo", CPU, name="eq_tcp", store=ctx.store, timeout=COMM_TIMEOUT, hints=TCP_HINTS
@@ -358,7 +365,7 @@ def _equivalence(ctx: RankContext) -> dict[str, Any]:
     failures: list[str] = []
     checked = 0
     start = time.monotonic()
-    for case in equivalence_cases(ctx.world_size):
+    for case in equivalence_cases(ctx.world_size, dtypes):
         label = case.label()
         try:
             got_tcp, _ = run_case(tcp, case)
@@ -383,12 +390,21 @@ def _equivalence(ctx: RankContext) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    "world",
-    # 3: an odd world, where chunk and slot arithmetic is least regular; 2 and 4 with -m slow.
-    [pytest.param(2, marks=pytest.mark.slow), 3, pytest.param(4, marks=pytest.mark.slow)],
+    ("world", "dtypes"),
+    # 3: an odd world, where chunk and slot arithmetic is least regular, with one dtype of each
+    # size; every dtype, and 2 and 4 ranks, with -m slow.
+    [
+        pytest.param(2, ALL_DTYPES, marks=pytest.mark.slow),
+        (3, SOME_DTYPES),
+        pytest.param(3, ALL_DTYPES, marks=pytest.mark.slow),
+        pytest.param(4, ALL_DTYPES, marks=pytest.mark.slow),
+    ],
+    ids=["2", "3-some-dtypes", "3", "4"],
 )
-def test_shm_equals_tcp_over_every_op_dtype_and_reduce_op(world: int) -> None:
-    results = run_ranks(_equivalence, world, timeout=240)
+def test_shm_equals_tcp_over_every_op_dtype_and_reduce_op(
+    world: int, dtypes: tuple[torch.dtype, ...]
+) -> None:
+    results = run_ranks(_equivalence, world, dtypes, timeout=240)
     for rank, r in enumerate(results):
         tcp_transport, shm_transport = r["transports"]
         assert tcp_transport.startswith("tcp ("), (rank, tcp_transport)
@@ -397,7 +413,8 @@ def test_shm_equals_tcp_over_every_op_dtype_and_reduce_op(world: int) -> None:
             shm_transport,
         )
         assert r["failures"] == [], f"rank {rank}:\n" + "\n".join(r["failures"])
-        assert r["checked"] == expected_case_count(world) == len(equivalence_cases(world)), r
+        count = expected_case_count(dtypes)
+        assert r["checked"] == count == len(equivalence_cases(world, dtypes)), r
 
 
 # ----------------------------------------------------------------------------- 2. many comms

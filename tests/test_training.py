@@ -91,12 +91,12 @@ def _assert_identical(a: Path, b: Path) -> None:
         assert torch.equal(params_a[name], params_b[name]), name
 
 
-#: The default run keeps one job per model shape: DDP over tcp with its bit-identity check
-#: against plain gloo (switch on, then off, in one job), FSDP2 x TP on 4 ranks over shm
-#: (FSDP2's all_gather / reduce_scatter and TP's collectives through the bridge) and FSDP2 on
-#: a mesh built from communicators (below): both transports through the bridge.  The other
-#: cells (DDP on shm, more ranks, FSDP2 alone, the 2 x 2 mesh from communicators) run with
-#: ``-m slow``.
+#: The default run keeps two jobs: DDP over tcp with its bit-identity check against plain
+#: gloo (switch on, then off, in one job) and FSDP2 on a mesh built from communicators over
+#: shm (below; FSDP2's all_gather / reduce_scatter through the bridge): both transports
+#: through the bridge.  The other cells (DDP on shm, more ranks, FSDP2 alone, FSDP2 x TP on
+#: 4 ranks, the 2 x 2 mesh from communicators) run with ``-m slow``; TP's DTensor collectives
+#: on torchcomms are also PyTorch's DTensor test base in ``tests/test_explicit_ranks.py``.
 _SLOW = pytest.mark.slow
 
 
@@ -109,7 +109,7 @@ _SLOW = pytest.mark.slow
         pytest.param("train_ddp.py", 4, [], 4, "tcp", marks=_SLOW),
         pytest.param("train_fsdp.py", 2, [], 2, "auto", marks=_SLOW),
         pytest.param("train_fsdp.py", 4, [], 4, "auto", marks=_SLOW),
-        ("train_fsdp.py", 4, ["--tp", "2"], 2, "auto"),
+        pytest.param("train_fsdp.py", 4, ["--tp", "2"], 2, "auto", marks=_SLOW),
     ],
     ids=["ddp-2", "ddp-2-tcp", "ddp-4", "ddp-4-tcp", "fsdp2-2", "fsdp2-4", "fsdp2xtp-2x2"],
 )
