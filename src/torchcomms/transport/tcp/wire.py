@@ -16,8 +16,8 @@ import time
 from torchcomms.transport.contention import KERNEL_ID, current_cpu
 from torchcomms.transport.tcp.lane import LaneProtocolError
 
-#: ``u64 length``, ``i64 tag``, ``i32 core``: the core the sender's thread ran on when it
-#: posted the message (-1 unknown), for ``P2P.shares_core``.
+#: ``u64 length``, ``i64 tag``, ``i32 core``: the core the sending thread ran on as it wrote
+#: the head (-1 unknown), for ``P2P.shares_core``.
 HEAD = struct.Struct("<Qqi")
 U32 = struct.Struct("<I")
 GOODBYE = (1 << 64) - 1
