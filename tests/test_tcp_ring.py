@@ -10,6 +10,8 @@ Real processes over real sockets (``TORCHCOMM_TRANSPORT=tcp``), past the inline 
   all_gather whose input is its own slot of the output; all_to_all (one exchange on the
   lane at two ranks) in place on one rank only.
 * The result is the same bits on every rank (float data with rounding).
+* Two ranks whose all_reduce sizes put them on different two-rank paths both name the
+  mismatch.
 * A rank SIGKILLed inside a ring all_reduce is named by every survivor.
 """
 
@@ -28,7 +30,7 @@ from tests.chaos import faults
 from tests.harness import RankContext, RankFailure, run_ranks
 from torchcomms import ReduceOp, new_comm
 from torchcomms.backends.cpu.tcp.ops import TREE_MAX
-from torchcomms.backends.cpu.tcp.ring_ops import FOLD_BYTES
+from torchcomms.backends.cpu.tcp.ring_ops import FOLD_BYTES, PAIR_RING_BYTES
 
 TCP = {"TORCHCOMM_TRANSPORT": "tcp"}
 #: Past the inline limit (64 KiB per rank) and not a multiple of any world size.
@@ -82,17 +84,24 @@ def _ring_ops(ctx: RankContext) -> dict[str, int]:
             want = oracle(rows.double()).to(dtype) if r == root else _data(r, COUNT, dtype)
             assert torch.equal(t, want), (root, name, dtype)
             checked += 1
-    # several pieces of a two-rank exchange combined as they arrive (``FOLD_BYTES``), the
-    # tensor both sent and written (all_reduce) and only written (reduce at the root)
+    # two ranks: below ``PAIR_RING_BYTES`` several pieces of one exchange combined as they
+    # arrive (``FOLD_BYTES``), the tensor both sent and written; within it the ring's two
+    # steps (and at more ranks the ring at both sizes)
+    for count in (PAIR_RING_BYTES[0] // 4 - FOLD_BYTES // 8 + 3, PAIR_RING_BYTES[0] // 4 + 3):
+        for name in ("SUM", "AVG"):
+            op, oracle = _REDUCE[name]
+            rows = torch.stack([_data(q, count, torch.float32) for q in range(n)])
+            t = _data(r, count, torch.float32)
+            comm.all_reduce(t, op, False)
+            assert torch.equal(t, oracle(rows.double()).float()), (count, name)
+            checked += 1
+    # a reduce of several pieces: the root's tensor only written
     big = 5 * FOLD_BYTES // 4 + 3
     rows = torch.stack([_data(q, big, torch.float32) for q in range(n)])
     t = _data(r, big, torch.float32)
-    comm.all_reduce(t, ReduceOp.SUM, False)
-    assert torch.equal(t, rows.sum(0))
-    t = _data(r, big, torch.float32)
     comm.reduce(t, n - 1, ReduceOp.MAX, False)
     assert torch.equal(t, rows.amax(0) if r == n - 1 else rows[r])
-    checked += 2
+    checked += 1
     # reduce_scatter: each rank's COUNT-element slice of the sum of n*COUNT inputs
     full = torch.stack([_data(q, n * COUNT, torch.int64) for q in range(n)]).sum(0)
     out = torch.empty(COUNT, dtype=torch.int64)
@@ -217,6 +226,30 @@ def test_with_the_check_off_a_size_mismatch_fails_without_overrunning() -> None:
     for rank, got in enumerate(seen):
         gone = got["got"].startswith("PeerFailureError") and f"peer rank {1 - rank} " in got["got"]
         assert sized[rank] or gone, (rank, got)
+        assert got["guard"], (rank, "wrote past the tensor")
+
+
+def _sizes_across_the_switch(ctx: RankContext) -> dict[str, Any]:
+    """Two ranks whose all_reduce sizes fall on either side of ``PAIR_RING_BYTES[0]`` (one
+    takes the ring, the other the exchange): both name the mismatch, neither overruns."""
+    comm = new_comm("gloo", torch.device("cpu"), name="ring_switch", store=ctx.store,
+                    abort_process_on_timeout_or_error=False)  # fmt: skip
+    n = PAIR_RING_BYTES[0] // 4 + (3 if ctx.rank == 0 else -5)
+    t = torch.full((n + 16,), 7.0)
+    try:
+        comm.all_reduce(t[:n], ReduceOp.SUM, False)
+        got = "returned"
+    except Exception as exc:
+        got = f"{type(exc).__name__}: {exc}"
+    guard = bool(torch.equal(t[n:], torch.full((16,), 7.0)))  # bytes past the tensor
+    comm.finalize()
+    return {"got": got, "guard": guard}
+
+
+def test_a_size_mismatch_across_the_two_rank_switch_is_named_by_both() -> None:
+    for rank, got in enumerate(run_ranks(_sizes_across_the_switch, 2, timeout=120, env=TCP)):
+        assert got["got"].startswith("CollectiveMismatchError"), (rank, got)
+        assert "count" in got["got"], (rank, got)
         assert got["guard"], (rank, "wrote past the tensor")
 
 

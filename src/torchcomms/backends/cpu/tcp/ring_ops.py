@@ -7,8 +7,9 @@ mismatch check costs no extra round trip.  A rank sees only its neighbour's head
 difference is announced around the ring and made whole by ``cpu.tcp.mismatch``.
 
 * all_reduce: ring reduce-scatter (partial sums in scratch, so the caller's tensor is
-  untouched until every header passed) then all-gather into the tensor.  Two ranks: one
-  exchange of the whole tensor, the peer's data combined piece by piece as it arrives.
+  untouched until every header passed) then all-gather into the tensor.  Two ranks, below
+  ``PAIR_RING_BYTES`` and from its end: one exchange of the whole tensor, the peer's data
+  combined piece by piece as it arrives; within it, the ring's two steps.
 * reduce: two ranks: the peer's tensor one way to the root, combined as it arrives (the
   root's header goes the other way).  More: the reduce-scatter half, then the all-gather
   half, into scratch off the root.
@@ -56,6 +57,14 @@ _SEGMENT = 256 * 1024
 _MAX_SEGMENTS = 16
 #: The least a two-rank reduction combines at once while the rest arrives.
 FOLD_BYTES = 256 * 1024
+#: The sizes (bytes, from, below) at which a two-rank all_reduce takes the ring's two steps
+#: (half the tensor each way in each) rather than one exchange of all of it.  Measured on
+#: the 2-core VM, in place, p50 of alternating blocks in the same processes, exchange /
+#: ring, us: 512 KiB 254-291 / 358-368; 1 MiB 767-816 / 680-688; 2 MiB 1715-1817 /
+#: 1286-1485; 4 MiB 3717-4214 / 2959-3744; 8 MiB 6960-9294 / 7317-8183 (a tie); 12 MiB
+#: 10115-10780 / 10676-11492; 16 MiB 16766-17509 / 16931-17176; 32 MiB 28014-30962 /
+#: 34429-34600 (benchmarks/results/issue53/NOTES.md, step 12).
+PAIR_RING_BYTES = (1 << 20, 8 << 20)
 _NOTHING = memoryview(b"")
 
 
@@ -108,7 +117,8 @@ class RingOps:
         self, flat: torch.Tensor, op: ReduceOp, fp: Fingerprint, deadline: Deadline
     ) -> None:
         header, check, between = self._enter(fp, "all_reduce", deadline)
-        if self.size == 2:
+        nbytes = flat.numel() * flat.element_size()
+        if self.size == 2 and not PAIR_RING_BYTES[0] <= nbytes < PAIR_RING_BYTES[1]:
             self._pair_all_reduce(flat, op, header, check, between)
             return
         plan = spans(flat.numel(), self.size)
