@@ -65,6 +65,10 @@ FOLD_BYTES = 256 * 1024
 #: 10115-10780 / 10676-11492; 16 MiB 16766-17509 / 16931-17176; 32 MiB 28014-30962 /
 #: 34429-34600 (benchmarks/results/issue53/NOTES.md, step 12).
 PAIR_RING_BYTES = (1 << 20, 8 << 20)
+#: The same for a two-rank reduce: none, its one transfer to the root was ahead at every
+#: size (512 KiB-8 MiB, transfer / ring, us: 138-449 / 331-720 ... 3152-3306 / 7002-7170;
+#: the same NOTES step).
+PAIR_REDUCE_RING_BYTES = (0, 0)
 _NOTHING = memoryview(b"")
 
 
@@ -157,11 +161,14 @@ class RingOps:
     def reduce(
         self, flat: torch.Tensor, root: int, op: ReduceOp, fp: Fingerprint, deadline: Deadline
     ) -> None:
-        """Two ranks: ``_pair_reduce``.  More (``TcpOps`` sends 3-4 ranks to a tree): the
+        """Two ranks: ``_pair_reduce`` (``PAIR_REDUCE_RING_BYTES``).  More (``TcpOps`` sends
+        3-4 ranks to a tree): the
         reduce-scatter half, then the all-gather half, into scratch on the ranks that are
         not the root (their tensor is only read)."""
         header, check, between = self._enter(fp, "reduce", deadline)
-        if self.size == 2:
+        nbytes = flat.numel() * flat.element_size()
+        lo, hi = PAIR_REDUCE_RING_BYTES
+        if self.size == 2 and not lo <= nbytes < hi:
             self._pair_reduce(flat, root, op, header, check, between)
             return
         plan = spans(flat.numel(), self.size)
