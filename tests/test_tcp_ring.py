@@ -198,15 +198,15 @@ def test_every_rank_gets_the_same_bits() -> None:
         assert len(set(results)) == 1, world
 
 
-def _unchecked_sizes(ctx: RankContext) -> dict[str, Any]:
-    """With the check off, ranks whose sizes differ still never overrun a tensor."""
-    comm = new_comm("gloo", torch.device("cpu"), name="ring_unchecked", store=ctx.store,
+def _guarded_all_reduce(ctx: RankContext, name: str, counts: tuple[int, int]) -> dict[str, Any]:
+    """An all_reduce of ``counts[rank]`` elements, 16 guard elements past the tensor: what
+    it raised (or ``returned``), and whether the guard is intact."""
+    comm = new_comm("gloo", torch.device("cpu"), name=name, store=ctx.store,
                     abort_process_on_timeout_or_error=False)  # fmt: skip
-    n = COUNT + (8 if ctx.rank == 1 else 0)
+    n = counts[ctx.rank]
     t = torch.full((n + 16,), 7.0)
-    body = t[:n]
     try:
-        comm.all_reduce(body, ReduceOp.SUM, False)
+        comm.all_reduce(t[:n], ReduceOp.SUM, False)
         got = "returned"
     except Exception as exc:
         got = f"{type(exc).__name__}: {exc}"
@@ -220,7 +220,8 @@ def test_with_the_check_off_a_size_mismatch_fails_without_overrunning() -> None:
     find its peer gone (the first closed its connections while this one was still
     sending: the reset can come before the peer's frame is read)."""
     env = {**TCP, "TORCHCOMM_MISMATCH_CHECK": "0"}
-    seen = run_ranks(_unchecked_sizes, 2, timeout=120, env=env)
+    counts = (COUNT, COUNT + 8)
+    seen = run_ranks(_guarded_all_reduce, 2, "ring_unchecked", counts, timeout=120, env=env)
     sized = [" B block" in s["got"] and "expected" in s["got"] for s in seen]
     assert any(sized), seen
     for rank, got in enumerate(seen):
@@ -229,25 +230,12 @@ def test_with_the_check_off_a_size_mismatch_fails_without_overrunning() -> None:
         assert got["guard"], (rank, "wrote past the tensor")
 
 
-def _sizes_across_the_switch(ctx: RankContext) -> dict[str, Any]:
-    """Two ranks whose all_reduce sizes fall on either side of ``PAIR_RING_BYTES[0]`` (one
-    takes the ring, the other the exchange): both name the mismatch, neither overruns."""
-    comm = new_comm("gloo", torch.device("cpu"), name="ring_switch", store=ctx.store,
-                    abort_process_on_timeout_or_error=False)  # fmt: skip
-    n = PAIR_RING_BYTES[0] // 4 + (3 if ctx.rank == 0 else -5)
-    t = torch.full((n + 16,), 7.0)
-    try:
-        comm.all_reduce(t[:n], ReduceOp.SUM, False)
-        got = "returned"
-    except Exception as exc:
-        got = f"{type(exc).__name__}: {exc}"
-    guard = bool(torch.equal(t[n:], torch.full((16,), 7.0)))  # bytes past the tensor
-    comm.finalize()
-    return {"got": got, "guard": guard}
-
-
 def test_a_size_mismatch_across_the_two_rank_switch_is_named_by_both() -> None:
-    for rank, got in enumerate(run_ranks(_sizes_across_the_switch, 2, timeout=120, env=TCP)):
+    """Sizes on either side of ``PAIR_RING_BYTES[0]``: one rank takes the ring, the other
+    the exchange; both name the mismatch, neither overruns."""
+    counts = (PAIR_RING_BYTES[0] // 4 + 3, PAIR_RING_BYTES[0] // 4 - 5)
+    seen = run_ranks(_guarded_all_reduce, 2, "ring_switch", counts, timeout=120, env=TCP)
+    for rank, got in enumerate(seen):
         assert got["got"].startswith("CollectiveMismatchError"), (rank, got)
         assert "count" in got["got"], (rank, got)
         assert got["guard"], (rank, "wrote past the tensor")
