@@ -493,16 +493,19 @@ def test_waits_spin_briefly_while_every_core_is_taken(monkeypatch: pytest.Monkey
         lane.heard_cores()
         assert lane.spin_budget(1) == 0.0
         # Where the core cannot be known (no sched_getcpu: -1 on both sides), it is not shared.
-        monkeypatch.setattr(tcp_lane, "current_cpu", lambda: -1)
+        monkeypatch.setattr(contention, "current_cpu", lambda: -1)
         lane.peer_cores([-1, -1], [kernel, kernel])
         lane.heard_cores()
         assert lane.spin_budget(1) == tcp_lane.BUSY_SPIN_S
         # Where this kernel's boot id could not be read, no peer counts as sharing a core.
-        monkeypatch.setattr(tcp_lane, "current_cpu", lambda: me)
+        monkeypatch.setattr(contention, "current_cpu", lambda: me)
         lane.peer_cores([-1, me], [0, 0])
         lane.heard_cores()
         assert lane.spin_budget(1) == tcp_lane.BUSY_SPIN_S
-        monkeypatch.setattr(tcp_lane, "KERNEL_ID", 0)
+        monkeypatch.setattr(contention, "KERNEL_ID", 0)
+        assert lane.spin_budget(1) == tcp_lane.BUSY_SPIN_S
+        lane.peer_cores([-1, me], [kernel, kernel])  # the peer knows its kernel, this rank not
+        lane.heard_cores()
         assert lane.spin_budget(1) == tcp_lane.BUSY_SPIN_S
     finally:
         os.sched_setaffinity(0, affinity)

@@ -82,3 +82,9 @@ def _kernel_id() -> int:
 #: This kernel's boot as a nonzero int64 (0 where unknown): processes that show the same
 #: one share cores, also from different network namespaces (simulated hosts).
 KERNEL_ID = _kernel_id()
+
+
+def on_this_core(kernel: int, core: int) -> bool:
+    """Whether a peer that said it ran on ``core`` of ``kernel`` ran on the core the calling
+    thread runs on now: never when either is unknown (core -1, kernel 0)."""
+    return bool(KERNEL_ID and kernel == KERNEL_ID and core >= 0 and core == current_cpu())

@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from torchcomms.transport.contention import KERNEL_ID, cores_busy, current_cpu
+from torchcomms.transport.contention import cores_busy, on_this_core
 
 #: How long one ``poll`` may block before the caller's checks run.
 SLICE_MS = 50
@@ -401,13 +401,9 @@ class Lane:
     def shares_core(self, peer: int) -> bool:
         """Whether ``peer`` (-1: none) last sent from the core this thread runs on, on this
         kernel (this host, or a network namespace of it), within ``CORES_FRESH_S``."""
-        kernels = self._kernels
-        if peer < 0 or kernels is None or not KERNEL_ID or kernels[peer] != KERNEL_ID:
+        if peer < 0 or self._kernels is None or time.monotonic() - self._heard > CORES_FRESH_S:
             return False
-        if time.monotonic() - self._heard > CORES_FRESH_S:
-            return False
-        core = self._cores[peer]
-        return bool(core >= 0 and core == current_cpu())  # -1: unknown, never shared
+        return on_this_core(int(self._kernels[peer]), int(self._cores[peer]))
 
     def ring_round(self) -> LaneRound:
         """Round 0's connections: to ``rank - 1`` and from ``rank + 1`` (``transport.tcp.ring``)."""

@@ -13,7 +13,7 @@ import socket
 import struct
 import time
 
-from torchcomms.transport.contention import KERNEL_ID, current_cpu
+from torchcomms.transport.contention import on_this_core
 from torchcomms.transport.tcp.lane import LaneProtocolError
 
 #: ``u64 length``, ``i64 tag``, ``i32 core``: the core the sending thread ran on as it wrote
@@ -107,9 +107,7 @@ class InConn:
         core the calling thread runs on, on this kernel; None when none came that recently."""
         if time.monotonic() - self.heard > fresh_s:
             return None
-        if not KERNEL_ID or self.kernel != KERNEL_ID:
-            return False
-        return self.core >= 0 and self.core == current_cpu()  # -1: unknown, never shared
+        return on_this_core(self.kernel, self.core)
 
 
 def hello(conn: socket.socket, token: str) -> tuple[int, int] | None:
