@@ -10,7 +10,8 @@ processes.
   communicator: an async recv, then a collective).
 * A peer's goodbye and a peer that vanishes fail the receives waiting on it.
 * Each frame carries the core its sender posted it from, the hello the sender's kernel:
-  ``shares_core`` trusts a fresh frame on this kernel and otherwise asks the lane.
+  ``shares_core`` trusts a fresh frame on this kernel and otherwise asks the lane.  A
+  dialler whose hello is not ``HI token rank kernel`` is closed, its frame never delivered.
 * The read buffer: frames cut anywhere (one byte at a time, or many in one segment),
   frames larger than the buffer, receives posted before and after their message, a
   receive of the wrong size, and a goodbye cut in pieces, all from a raw socket that
@@ -19,6 +20,7 @@ processes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import socket
@@ -442,3 +444,33 @@ def test_a_peer_shares_the_core_only_by_a_fresh_frame_from_it_on_this_kernel() -
             eng.close()
     finally:
         os.sched_setaffinity(0, here)
+
+
+def test_a_dialler_whose_hello_is_not_ours_is_closed_and_never_delivered() -> None:
+    """The listener reads ``HI token rank kernel``: a wrong token, the hello of an older wire
+    (no kernel) or a kernel that is not a number closes the connection, and its frame
+    reaches no receive; a right hello from the same rank is delivered."""
+    listener = tcp_lane.listen("127.0.0.1")
+    eng = P2P(0, listener, "tok", lambda r: ("127.0.0.1", 1, "unused"))
+    got = bytearray(4)
+    op = eng.post_recv(5, 0, memoryview(got))
+    strays = []
+    for hello_line in (b"HI other 5 0\n", b"HI tok 5\n", b"HI tok 5 x\n"):
+        raw = socket.create_connection(listener.getsockname())
+        raw.sendall(hello_line + _frame(0, b"bad!"))
+        strays.append(raw)
+    for raw in strays:  # the engine accepts (and closes) them while it waits
+        with pytest.raises(TimeoutError):
+            eng.wait([op], _deadline(0.3))
+        raw.settimeout(5.0)
+        # closed with our frame unread: an end of stream, or a reset
+        with contextlib.suppress(ConnectionResetError):
+            assert raw.recv(16) == b"", "a stray connection was sent something"
+        raw.close()
+    assert not op.done and bytes(got) == bytes(4)
+    good = socket.create_connection(listener.getsockname())
+    good.sendall(b"HI tok 5 0\n" + _frame(0, b"good"))
+    eng.wait([op], _deadline())
+    assert bytes(got) == b"good"
+    good.close()
+    eng.close()
