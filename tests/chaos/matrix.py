@@ -119,6 +119,12 @@ def _shut_down_sockets(ctx: RankContext, comm: TorchComm) -> int:
     return count
 
 
+def posts(op: str, placement: str, world: int, rank: int) -> bool:
+    """Whether ``rank`` returns from ``op`` once its own bytes are out, learning of a fault
+    at its next op: a two-rank tcp broadcast's root (``transport.tcp.posted``)."""
+    return op == "broadcast" and placement == "tcp" and world == 2 and rank == 0
+
+
 def trial(
     ctx: RankContext,
     fault: str,
@@ -150,6 +156,13 @@ def trial(
         check: list[Callable[[], bool]] = []
         return outcome(lambda: check.append(_op(name, comm, me, world, n)), lambda: check[0]())
 
+    def run_and_next() -> None:
+        """The op; where it posted (``posts``) and succeeded, a barrier after it, which
+        must fail as the op would have."""
+        seen["op"] = run()
+        if posts(op, placement, world, me) and seen["op"]["type"] is None:
+            seen["next"] = run(name="barrier")
+
     if fault == "kill":
         if me == victim:
             if position == "during":
@@ -157,7 +170,7 @@ def trial(
             os.kill(os.getpid(), signal.SIGKILL)
         if position == "before":
             time.sleep(0.5)
-        seen["op"] = run()
+        run_and_next()
     elif fault == "stop":
         victim_pid = int(ctx.store.get(f"pid/{victim}").decode())
         if me == victim:
@@ -175,7 +188,7 @@ def trial(
 
                 threading.Thread(target=stop_soon, daemon=True).start()
             comm.set_timeout(timedelta(seconds=OP_TIMEOUT_S))
-            seen["op"] = run()
+            run_and_next()
             ctx.store.set(f"stopped_done/{me}", "1")
             ctx.store.wait([f"stopped_done/{r}" for r in range(world - 1)])
             if me == 0:
@@ -196,9 +209,12 @@ def trial(
             assert closed, "the victim had no connection to close"
         elif position == "before":
             time.sleep(0.5)
-        seen["op"] = run()
+        run_and_next()
     elif fault == "mismatch":
-        seen["op"] = run(size + 1 if me == victim else size)
+        if me == victim:
+            seen["op"] = run(size + 1)
+        else:
+            run_and_next()
     elif fault == "skipped":
         nxt = "all_reduce" if op == "barrier" else "barrier"
         if me == victim:

@@ -65,9 +65,11 @@ def _cases() -> list[tuple[str, str, str, int, str, int]]:
                 for world in (3, 4):
                     position = "before" if fault == "mismatch" else "during"
                     cases.append((fault, op, placement, world, position, matrix.LARGE))
-        # two ranks' large all_to_all: one exchange on the lane (``RingOps.all_to_all_pair``)
+        # two ranks' large all_to_all: one exchange on the lane (``RingOps.all_to_all_pair``);
+        # two ranks' large broadcast: the receiver's close goes out before the data arrives
         position = "before" if fault == "mismatch" else "during"
         cases.append((fault, "all_to_all", "tcp", 2, position, matrix.LARGE))
+        cases.append((fault, "broadcast", "tcp", 2, position, matrix.LARGE))
     return cases
 
 
@@ -102,6 +104,8 @@ def test_matrix(
     for rank in ranks:
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
         got = seen["op"]
+        if got["type"] is None and fault != "slow" and matrix.posts(op, placement, world, rank):
+            got = seen["next"]  # it learns at its next op, which must fail as this one would
         where = (fault, op, placement, world, position, rank, got)
         assert not got.get("wrong"), where  # never success with wrong data
         if op == "send_recv" and got["type"] is None and rank != 0:

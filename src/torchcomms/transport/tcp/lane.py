@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from torchcomms.transport.contention import cores_busy, on_this_core
+from torchcomms.transport.tcp.posted import Owed, OwedCheck
 
 #: How long one ``poll`` may block before the caller's checks run.
 SLICE_MS = 50
@@ -292,6 +293,9 @@ class Lane:
         self._heard = -CORES_FRESH_S  # when they were last updated (``heard_cores``)
         #: Rank -> card (``transport.tcp.meet``): what each lane neighbour said of itself.
         self.cards: dict[int, str] = {}
+        #: Two ranks: the frames the peer owes for ops this rank posted (``post``).
+        rd0 = self._rounds[0] if size == 2 else None
+        self.owed = Owed(rd0, lambda: self.await_in(rd0)) if rd0 is not None else None
 
     def all_gather(
         self,
@@ -308,6 +312,8 @@ class Lane:
         must not be used again).
         """
         size, rank = self.size, self.rank
+        if self.owed is not None and self.owed.checks:
+            self.owed.settle(between)
         have = 1
         pack = _U32.pack
         for rd in self._rounds:
@@ -371,6 +377,56 @@ class Lane:
             inbox.consume()
             have += count
 
+    def post(
+        self,
+        rows: memoryview,
+        cap: int,
+        lengths: list[int],
+        check: OwedCheck,
+        between: Callable[[], None],
+    ) -> None:
+        """Two ranks: this rank's block to the peer, as ``all_gather`` sends it, without
+        waiting for the peer's: that one is owed, and ``check`` sees it later
+        (``transport.tcp.posted``)."""
+        assert self.size == 2 and self.owed is not None
+        rd = self._rounds[0]
+        length = lengths[self.rank]
+        at = self.rank * cap
+        parts: list[memoryview | bytes] = [
+            _U32.pack(4 + length),
+            _U32.pack(length),
+            rows[at : at + length],
+        ]
+        while True:
+            if rd.out_failed is not None:
+                raise LanePeerGone(rd.send_to, None, rd.out_failed)
+            left = send_some(rd.out, parts)
+            if left is None:
+                out_error(rd, socket_error(rd.out))
+                continue
+            if not left:
+                break
+            parts = left
+            rd.wants_room(True)
+            try:
+                if not self.await_in(rd):
+                    between()
+            finally:
+                rd.wants_room(False)
+        self.owed.add(check, between)
+
+    def await_in(self, rd: LaneRound) -> bool:
+        """Block one slice for ``rd``'s peer; read what came into the inbox.  Whether
+        anything happened; a connection that broke raises (``out_error``)."""
+        events = rd.poller.poll(SLICE_MS)
+        for fd, ev in events:
+            if fd == rd.out.fileno():
+                if ev & _BAD:
+                    out_error(rd, socket_error(rd.out))
+            elif ev & (_IN | _BAD):
+                rd.inbox.fill()
+        return bool(events)
+
     def peer_cores(self, cores: Any, kernels: Any) -> None:
         """Where to read each rank's core when it last sent and its kernel (indexable by
         rank, kept up to date by the caller: ``backends.cpu.tcp.exchange``'s headers,
@@ -427,7 +483,13 @@ class Lane:
 
     def news(self) -> LanePeerGone | None:
         """A goodbye (or a lost connection) waiting at the head of a connection, read
-        without blocking; data frames stay where they are.  For waits outside the lane."""
+        without blocking; data frames stay where they are, but for frames the peer owed
+        (``post``), which are checked here.  For waits outside the lane."""
+        if self.owed is not None and self.owed.checks:
+            try:
+                self.owed.settle(lambda: None, wait=False)
+            except LanePeerGone as gone:
+                return gone
         for rd in self._rounds:
             inbox = rd.inbox
             inbox.fill()

@@ -16,6 +16,7 @@ thread.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 import torch
 
@@ -24,7 +25,7 @@ from torchcomms.runtime import fingerprint as F
 from torchcomms.runtime.deadline import Deadline
 from torchcomms.runtime.fingerprint import Fingerprint
 from torchcomms.transport.contention import KERNEL_ID, current_cpu
-from torchcomms.transport.tcp.lane import Lane, LaneOversize, LanePeerGone
+from torchcomms.transport.tcp.lane import Lane, LaneOversize, LanePeerGone, LaneProtocolError
 
 _MAGIC = 0x70C0_C0DE
 # magic, seq, digest, descriptor, count, the sender's core and kernel (``Lane.spin_budget``),
@@ -71,11 +72,8 @@ class Exchange:
         self._views: dict[tuple[torch.dtype, int, int], torch.Tensor] = {}
         self._keep = rows
 
-    def run(
-        self, seq: int, fp: Fingerprint, deadline: Deadline, payload: torch.Tensor | None
-    ) -> None:
-        """Exchange this rank's header (and ``payload``: at most ``inline_max`` bytes) with
-        every rank's; raise a mismatch."""
+    def _write(self, seq: int, fp: Fingerprint, payload: torch.Tensor | None) -> str:
+        """This rank's row: header and ``payload``; the op's name."""
         mine = self._mine
         mine[1] = seq
         mine[2], mine[3], mine[4] = fp
@@ -89,8 +87,51 @@ class Exchange:
                 self.rows[self.rank, HEADER_BYTES : HEADER_BYTES + nbytes].copy_(
                     payload.reshape(-1).view(torch.uint8)
                 )
-        what = F.OP_NAMES[fp[1] & 0xFF]
         self._lengths[self.rank] = HEADER_BYTES + nbytes
+        return F.OP_NAMES[fp[1] & 0xFF]
+
+    def post(self, seq: int, fp: Fingerprint, deadline: Deadline, payload: torch.Tensor) -> None:
+        """Two ranks: send this rank's header and ``payload`` without waiting for the
+        peer's, which is checked before this rank next reads the lane
+        (``transport.tcp.posted``): a broadcast's root."""
+        what = self._write(seq, fp, payload)
+        waiter = self.waiter
+        try:
+            self.lane.post(
+                self._bytes_view,
+                self._row_bytes,
+                self._lengths,
+                self.owed_check(seq, fp, what),
+                lambda: waiter.check(deadline, what),
+            )
+        except LanePeerGone as gone:
+            raise waiter.gone(gone, what) from None
+
+    def owed_check(self, seq: int, fp: Fingerprint, what: str) -> Callable[[memoryview], None]:
+        """The check of the peer's header for an op this rank posted (two ranks): raises
+        the mismatch, naming both ranks' arguments, when the peer's differs."""
+        mine = (fp, seq)
+        peer = 1 - self.rank
+
+        def check(block: memoryview) -> None:
+            theirs = decode(block)
+            if theirs is None:
+                raise LaneProtocolError(f"rank {peer} sent a frame without an op header")
+            if theirs != mine:
+                by_rank = [mine, theirs] if self.rank == 0 else [theirs, mine]
+                found = F.mismatch(by_rank)
+                bad, text = found if found is not None else ([0, 1], "different headers")
+                raise self.waiter.report.full(what, mine, bad, text)
+
+        return check
+
+    def run(
+        self, seq: int, fp: Fingerprint, deadline: Deadline, payload: torch.Tensor | None
+    ) -> None:
+        """Exchange this rank's header (and ``payload``: at most ``inline_max`` bytes) with
+        every rank's; raise a mismatch."""
+        what = self._write(seq, fp, payload)
+        mine = self._mine
         waiter = self.waiter
         try:
             self.lane.all_gather(

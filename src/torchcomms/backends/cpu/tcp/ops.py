@@ -348,6 +348,9 @@ class TcpOps(TcpDirect, CpuOps):
         with on_host(tensor) as host:
             nbytes = host.numel() * host.element_size()
             if nbytes <= self.inline_max:
+                if self.size == 2 and self.rank == root:  # the peer's header is owed
+                    self.exchange.post(self._begin(fp), fp, deadline, host)
+                    return
                 self.enter(fp, deadline, host if self.rank == root else _NOTHING)
                 if self.rank != root and nbytes:
                     data = self.exchange.payload(host.dtype, 0, host.numel())[root]

@@ -101,6 +101,7 @@ class RingOps:
         self.rank = lane.rank
         self.size = lane.size
         self.ring = Ring(lane, HEADER_BYTES)
+        self._owed = lane.owed  # two ranks: what a posted op's peer still owes
         self._exchange = exchange
         self._waiter = waiter
         self._begin = begin
@@ -273,9 +274,24 @@ class RingOps:
             if pos == 0:
                 for i, seg in enumerate(segs):
                     step(seg, None, header if i == 0 else None, None, between)
+                owed = self._owed
+                if owed is not None:  # two ranks: the close is owed (``transport.tcp.posted``)
+                    current = self._waiter.current
+                    assert current is not None  # set by ``_enter``
+                    seq = current[1]
+                    owed.add(
+                        self._exchange.owed_check(seq, fp, "broadcast") if check else None, between
+                    )
+                    return
                 step(None, nothing, None, check, between, header_in=True)  # the close
                 if n > 2:
                     step(nothing, None, None, None, between)  # the second lap: all agreed
+                return
+            if n == 2:
+                # The close first: the root does not wait for it (``transport.tcp.posted``),
+                # and reads it sooner, while its next op's bytes may already be on their way.
+                step(nothing, None, header, None, between)
+                step(None, segs[0], None, check, between, header_in=True)
                 return
             step(None, segs[0], None, check, between, header_in=True)
             last = pos == n - 1
@@ -303,6 +319,10 @@ class RingOps:
 
         def between() -> None:
             waiter.check(deadline, what)
+
+        if self._owed is not None and self._owed.checks:
+            with self._lane_errors(what):
+                self._owed.settle(between)
 
         if not self._check:
             return header, None, between
