@@ -1,15 +1,16 @@
-"""A two-rank tcp broadcast's root returns once its bytes are out (``transport/tcp/posted.py``).
+"""Two-rank tcp rooted ops: the rank that only sends returns once its bytes are out (a
+broadcast's root, a reduce's other rank: ``transport/tcp/posted.py``).
 
 Real processes over real sockets (``TORCHCOMM_TRANSPORT=tcp``), two ranks:
 
-* The root does not wait for the receiver: it finishes, and tells the store so, before
-  the receiver enters the op (which waits for that word): small (in the header frame) and
-  large (the ring).
-* Broadcasts from both roots, small and large, sync and async, interleaved with
-  all_reduce, all_gather, barrier and send/recv, and more in a row than ``MAX_OWED``
-  while the receiver is late, give every rank the root's values.
-* A mismatch is still raised by both ranks: the receiver in the op, the root at its next
-  collective, each naming what rank 1 passed; two ranks that both think they are the root
+* That rank does not wait for the other: it finishes, and tells the store so, before the
+  other enters the op (which waits for that word): small (in the header frame) and large
+  (the ring).
+* Broadcasts and reduces from both roots, small and large, sync and async, interleaved
+  with all_reduce, all_gather, barrier and send/recv, and more broadcasts in a row than
+  ``MAX_OWED`` while the receiver is late, give every rank the right values.
+* A mismatch is still raised by both ranks: the receiving rank in the op, the sending one
+  at its next collective, each naming what rank 1 passed; two ranks that both think they are the root
   each keep their own tensor and both raise (in the op if the other's frame is already
   there, else at the next).
 """
@@ -39,26 +40,44 @@ def _comm(ctx: RankContext, name: str) -> Any:
     return comm
 
 
-def _root_runs_ahead(ctx: RankContext) -> int:
-    comm = _comm(ctx, "posted_ahead")
+def _call(comm: Any, op: str, t: torch.Tensor, root: int, async_op: bool = False) -> None:
+    if op == "broadcast":
+        work = comm.broadcast(t, root, async_op)
+    else:
+        work = comm.reduce(t, root, ReduceOp.SUM, async_op)
+    if async_op:
+        work.wait()
+
+
+def _expected(op: str, count: int, i: int, root: int, me: int) -> torch.Tensor:
+    """Rank ``r`` passes ``7 + i + r``: what rank ``me`` holds after the op."""
+    summed = (7 + i) + (8 + i) if me == root else 7 + i + me
+    value = 7 + i + root if op == "broadcast" else summed
+    return torch.full((count,), value, dtype=torch.int64)
+
+
+def _poster_runs_ahead(ctx: RankContext, op: str) -> int:
+    comm = _comm(ctx, f"posted_ahead_{op}")
+    poster = 0 if op == "broadcast" else 1  # root 0: the rank that only sends
     done = 0
     for i, count in enumerate((SMALL, LARGE)):
-        t = torch.full((count,), 7 + i if ctx.rank == 0 else -1, dtype=torch.int64)
-        if ctx.rank == 0:
-            comm.broadcast(t, 0, False)
-            ctx.store.set(f"root_done/{i}", "1")  # before rank 1 has entered the op
+        t = torch.full((count,), 7 + i + ctx.rank, dtype=torch.int64)
+        if ctx.rank == poster:
+            _call(comm, op, t, 0)
+            ctx.store.set(f"posted/{i}", "1")  # before the other rank has entered the op
         else:
-            ctx.store.wait([f"root_done/{i}"], timedelta(seconds=20))
-            comm.broadcast(t, 0, False)
-        assert torch.equal(t, torch.full((count,), 7 + i)), (count, t[:4])
+            ctx.store.wait([f"posted/{i}"], timedelta(seconds=20))
+            _call(comm, op, t, 0)
+        assert torch.equal(t, _expected(op, count, i, 0, ctx.rank)), (count, t[:4])
         done += 1
     comm.barrier(False)
     comm.finalize()
     return done
 
 
-def test_the_root_returns_before_the_receiver_enters() -> None:
-    assert run_ranks(_root_runs_ahead, 2, timeout=120, env=TCP) == [2, 2]
+@pytest.mark.parametrize("op", ["broadcast", "reduce"])
+def test_the_rank_that_only_sends_returns_before_the_other_enters(op: str) -> None:
+    assert run_ranks(_poster_runs_ahead, 2, op, timeout=120, env=TCP) == [2, 2]
 
 
 def _mixed(ctx: RankContext) -> int:
@@ -76,6 +95,9 @@ def _mixed(ctx: RankContext) -> int:
         else:
             comm.broadcast(t, root, False)
         assert torch.equal(t, torch.arange(count, dtype=torch.int64) * (i + 1)), (i, root)
+        r = torch.full((count,), 7 + i + me, dtype=torch.int64)
+        _call(comm, "reduce", r, 1 - root, i % 4 == 1)
+        assert torch.equal(r, _expected("reduce", count, i, 1 - root, me)), (i, root)
         if i % 5 == 4:
             s = torch.full((count,), me + 1, dtype=torch.int64)
             comm.all_reduce(s, ReduceOp.SUM, False)
@@ -112,16 +134,22 @@ def test_broadcasts_mixed_with_other_ops_give_the_roots_values() -> None:
     assert run_ranks(_mixed, 2, timeout=180, env=TCP) == [40 + MAX_OWED + 20] * 2
 
 
-def _mismatch(ctx: RankContext, count: int, roots: tuple[int, int]) -> dict[str, Any]:
-    comm = _comm(ctx, f"posted_mismatch_{count}_{roots[1]}")
+def _mismatch(ctx: RankContext, op: str, count: int, roots: tuple[int, int]) -> dict[str, Any]:
+    comm = _comm(ctx, f"posted_mismatch_{op}_{count}_{roots[1]}")
     me = ctx.rank
     n = count + 1 if me == 1 and roots == (0, 0) else count
     t = torch.full((n,), 10 + me, dtype=torch.int64)
     seen: dict[str, Any] = {"op": None, "next": None}
+    # One root: the rank that only sends goes first, so its op is sure to find nothing yet.
+    poster = 0 if op == "broadcast" else 1
+    if roots == (0, 0) and me != poster:
+        ctx.store.wait(["posted"], timedelta(seconds=20))
     try:
-        comm.broadcast(t, roots[me], False)
+        _call(comm, op, t, roots[me])
     except RuntimeError as exc:
         seen["op"] = (type(exc).__name__, str(exc))
+    if me == poster:
+        ctx.store.set("posted", "1")
     seen["own"] = bool(torch.equal(t, torch.full((n,), 10 + me)))
     if seen["op"] is None:
         try:
@@ -132,20 +160,20 @@ def _mismatch(ctx: RankContext, count: int, roots: tuple[int, int]) -> dict[str,
     return seen
 
 
+@pytest.mark.parametrize("op", ["broadcast", "reduce"])
 @pytest.mark.parametrize("count", [SMALL, LARGE])
-def test_a_size_mismatch_is_raised_by_the_receiver_now_and_the_root_at_its_next_op(
-    count: int,
-) -> None:
-    root, receiver = run_ranks(_mismatch, 2, count, (0, 0), timeout=120, env=TCP)
-    assert receiver["op"] is not None and receiver["op"][0] == "CollectiveMismatchError"
-    assert "rank 1 passed count" in receiver["op"][1], receiver
-    assert root["op"] is None and root["own"], root  # its bytes went out: nothing to undo
-    assert root["next"] is not None and root["next"][0] == "CollectiveMismatchError", root
-    assert "broadcast" in root["next"][1] and "rank 1 passed count" in root["next"][1], root
+def test_a_size_mismatch_is_raised_by_both_the_poster_at_its_next_op(op: str, count: int) -> None:
+    seen = run_ranks(_mismatch, 2, op, count, (0, 0), timeout=120, env=TCP)
+    poster, other = (seen[0], seen[1]) if op == "broadcast" else (seen[1], seen[0])
+    assert other["op"] is not None and other["op"][0] == "CollectiveMismatchError", other
+    assert "rank 1 passed count" in other["op"][1], other
+    assert poster["op"] is None and poster["own"], poster  # its bytes went out: nothing to undo
+    assert poster["next"] is not None and poster["next"][0] == "CollectiveMismatchError", poster
+    assert op in poster["next"][1] and "rank 1 passed count" in poster["next"][1], poster
 
 
 def test_two_ranks_that_both_think_they_are_the_root_both_raise() -> None:
-    for seen in run_ranks(_mismatch, 2, SMALL, (0, 1), timeout=120, env=TCP):
+    for seen in run_ranks(_mismatch, 2, "broadcast", SMALL, (0, 1), timeout=120, env=TCP):
         assert seen["own"], seen  # each kept its own tensor
         # In the op when the peer's frame is already there as this rank posts, else next.
         error = seen["op"] or seen["next"]

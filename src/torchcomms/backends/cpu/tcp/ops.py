@@ -255,6 +255,9 @@ class TcpOps(TcpDirect, CpuOps):
         fp = F.make(F.REDUCE, tensor.dtype, tensor.numel(), root, op)
         with on_host(tensor) as host:
             if self.inline_reduce(host, op):
+                if self.size == 2 and self.rank != root:  # the root's header is owed
+                    self.exchange.post(self._begin(fp), fp, deadline, premultiplied(host, op))
+                    return
                 self.enter(fp, deadline, premultiplied(host, op))
                 if self.rank == root:
                     self._reduce_rows(host, op)

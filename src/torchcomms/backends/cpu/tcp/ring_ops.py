@@ -199,8 +199,9 @@ class RingOps:
         time, so both ranks check the pair without a round trip."""
         src = premultiplied(flat, op)
         with self._lane_errors("reduce"):
-            if self.rank != root:
-                self.ring.step(as_bytes(src), _NOTHING, header, check, between)
+            if self.rank != root:  # the root's header is owed (``transport.tcp.posted``)
+                self.ring.step(as_bytes(src), None, header, None, between)
+                self._owe("reduce", check, between)
                 return
             theirs = self._spare(flat)
             fold = _Folding(src, theirs, flat, combiner(op, flat.dtype), sending=False)
@@ -274,14 +275,8 @@ class RingOps:
             if pos == 0:
                 for i, seg in enumerate(segs):
                     step(seg, None, header if i == 0 else None, None, between)
-                owed = self._owed
-                if owed is not None:  # two ranks: the close is owed (``transport.tcp.posted``)
-                    current = self._waiter.current
-                    assert current is not None  # set by ``_enter``
-                    seq = current[1]
-                    owed.add(
-                        self._exchange.owed_check(seq, fp, "broadcast") if check else None, between
-                    )
+                if n == 2:  # the close is owed (``transport.tcp.posted``)
+                    self._owe("broadcast", check, between)
                     return
                 step(None, nothing, None, check, between, header_in=True)  # the close
                 if n > 2:
@@ -336,6 +331,14 @@ class RingOps:
                 raise report.pairwise(what, (fp, seq), peer, other)
 
         return header, check, between
+
+    def _owe(self, what: str, check: Check | None, between: Callable[[], None]) -> None:
+        """Two ranks: this op's frame from the peer is owed (``transport.tcp.posted``),
+        checked (``check``: the comparison is on) against this op's header later."""
+        current, owed = self._waiter.current, self._owed
+        assert current is not None and owed is not None  # ``_enter`` set it; two ranks
+        fp, seq = current
+        owed.add(self._exchange.owed_check(seq, fp, what) if check else None, between)
 
     def _lane_errors(self, what: str) -> _LaneErrors:
         return _LaneErrors(self._waiter, what)
