@@ -11,7 +11,8 @@ difference is announced around the ring and made whole by ``cpu.tcp.mismatch``.
   ``PAIR_RING_BYTES`` and from its end: one exchange of the whole tensor, the peer's data
   combined piece by piece as it arrives; within it, the ring's two steps.
 * reduce: two ranks: the peer's tensor one way to the root, combined as it arrives (the
-  root's header goes the other way).  More: the reduce-scatter half, then the all-gather
+  root's header goes the other way; the peer does not wait for it: it is owed,
+  ``transport.tcp.posted``).  More: the reduce-scatter half, then the all-gather
   half, into scratch off the root.
 * reduce_scatter: the reduce-scatter half, partial sums in scratch (the input is the
   caller's).
@@ -24,12 +25,16 @@ difference is announced around the ring and made whole by ``cpu.tcp.mismatch``.
   are ranks in the middle), closed by an empty frame from ``root+1`` back to the root,
   so the root too learns of a rank that disagrees; with ranks in the middle, the root
   then sends an empty frame down the chain again, since a middle rank cannot otherwise
-  know that the ranks after it agreed.
+  know that the ranks after it agreed.  Two ranks: the receiver sends the close as it
+  enters, and the root does not wait for it (it is owed, checked before the root next
+  reads the lane: ``transport.tcp.posted``).
 
 Why every rank raises on a mismatch: each rank checks its ``rank + 1``'s header, and
 no rank returns before a path of such checks through every rank has passed (in
 reduce-scatter or all-gather, rank ``r``'s last receive depends on ranks ``r+1 … r-2``
-having passed their first step; broadcast's close and second lap do the same).
+having passed their first step; broadcast's close and second lap do the same).  The
+exception: at two ranks the rank of a broadcast or reduce that only sends returns once
+its bytes are out, and learns of a difference at its next collective.
 
 Runs on the op's thread, one op at a time (``cpu.ops``).
 """
