@@ -10,7 +10,7 @@ Real processes over real sockets (``TORCHCOMM_TRANSPORT=tcp``), two ranks:
   with all_reduce, all_gather, barrier and send/recv, and more broadcasts in a row than
   ``MAX_OWED`` while the receiver is late, give every rank the right values.
 * A mismatch is still raised by both ranks: the receiving rank in the op, the sending one
-  at its next collective, each naming what rank 1 passed; two ranks that both think they are the root
+  at its next collective (or in a receive's wait), each naming what rank 1 passed; two ranks that both think they are the root
   each keep their own tensor and both raise (in the op if the other's frame is already
   there, else at the next).
 """
@@ -134,8 +134,10 @@ def test_broadcasts_mixed_with_other_ops_give_the_roots_values() -> None:
     assert run_ranks(_mixed, 2, timeout=180, env=TCP) == [40 + MAX_OWED + 20] * 2
 
 
-def _mismatch(ctx: RankContext, op: str, count: int, roots: tuple[int, int]) -> dict[str, Any]:
-    comm = _comm(ctx, f"posted_mismatch_{op}_{count}_{roots[1]}")
+def _mismatch(
+    ctx: RankContext, op: str, count: int, roots: tuple[int, int], then: str = "barrier"
+) -> dict[str, Any]:
+    comm = _comm(ctx, f"posted_mismatch_{op}_{count}_{roots[1]}_{then}")
     me = ctx.rank
     n = count + 1 if me == 1 and roots == (0, 0) else count
     t = torch.full((n,), 10 + me, dtype=torch.int64)
@@ -153,7 +155,10 @@ def _mismatch(ctx: RankContext, op: str, count: int, roots: tuple[int, int]) -> 
     seen["own"] = bool(torch.equal(t, torch.full((n,), 10 + me)))
     if seen["op"] is None:
         try:
-            comm.barrier(False)
+            if then == "barrier":
+                comm.barrier(False)
+            else:  # a wait outside the lane: it checks the owed frame between its slices
+                comm.recv(torch.zeros(1, dtype=torch.int64), 1 - me, False)
         except RuntimeError as exc:
             seen["next"] = (type(exc).__name__, str(exc))
     comm.finalize()
@@ -170,6 +175,14 @@ def test_a_size_mismatch_is_raised_by_both_the_poster_at_its_next_op(op: str, co
     assert poster["op"] is None and poster["own"], poster  # its bytes went out: nothing to undo
     assert poster["next"] is not None and poster["next"][0] == "CollectiveMismatchError", poster
     assert op in poster["next"][1] and "rank 1 passed count" in poster["next"][1], poster
+
+
+def test_a_receive_after_a_mismatched_broadcast_raises_the_mismatch() -> None:
+    root, receiver = run_ranks(_mismatch, 2, "broadcast", SMALL, (0, 0), "recv", env=TCP)
+    assert receiver["op"] is not None and receiver["op"][0] == "CollectiveMismatchError"
+    assert root["op"] is None and root["next"] is not None, root
+    assert root["next"][0] == "CollectiveMismatchError", root
+    assert "rank 1 passed count" in root["next"][1], root
 
 
 def test_two_ranks_that_both_think_they_are_the_root_both_raise() -> None:

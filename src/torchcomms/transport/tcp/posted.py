@@ -1,17 +1,18 @@
 """``Owed``: the frames a two-rank lane's peer still owes this rank, and their checks.
 
-Why: the root of a two-rank broadcast needs nothing from its peer but the peer's header,
-which only says whether the two agreed.  Waiting for it makes every broadcast a meeting of
-the two ranks, and with every core busy each meeting costs a scheduling delay (0.1-0.5 ms
-on the 2-core VM), where gloo's root returns once its bytes are out and runs ahead.  So the
-root sends (``Lane.post``) and returns; the peer's frame for that op is *owed*, and is read
-and checked (``settle``) before this rank next reads the lane, or as soon as it is there
-when the root posts again.  A mismatch, a peer gone or a peer that never sends then
-surfaces at the root's next collective on the communicator (benchmarks/results/issue53/
-NOTES.md, step 13).
+Why: the rank of a two-rank broadcast or reduce that receives nothing (the broadcast's
+root, the reduce's other rank) needs nothing from its peer but the peer's header, which
+only says whether the two agreed.  Waiting for it makes every such op a meeting of the two
+ranks, and with every core busy each meeting costs a scheduling delay (0.1-0.5 ms on the
+2-core VM), where gloo's root returns once its bytes are out and runs ahead.  So the rank
+sends (``Lane.post``, or the ring's steps) and returns; the peer's frame for that op is
+*owed*, and is read and checked (``settle``) before this rank next reads the lane, or as
+soon as it is there when the rank posts again.  A mismatch, a peer gone or a peer that
+never sends then surfaces at this rank's next collective on the communicator
+(benchmarks/results/issue53/NOTES.md, step 13).
 
-At most ``MAX_OWED`` frames are owed: past that, posting waits for the oldest, so the root
-runs at most that many broadcasts ahead and the peer's socket never fills with headers.
+At most ``MAX_OWED`` frames are owed: past that, posting waits for the oldest, so a rank
+runs at most that many ops ahead and the peer's socket never fills with headers.
 
 Threads: the op's thread (one op at a time per communicator), as the lane itself.
 """
@@ -22,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-#: How many broadcasts a root may run ahead of its peer's headers.
+#: How many ops a rank may run ahead of its peer's headers.
 MAX_OWED = 64
 #: ``check(block)``: the peer's block (its header first) of an op this rank posted; raises
 #: when the two disagree.  None: read and drop (the mismatch check is off).

@@ -93,7 +93,7 @@ class Exchange:
     def post(self, seq: int, fp: Fingerprint, deadline: Deadline, payload: torch.Tensor) -> None:
         """Two ranks: send this rank's header and ``payload`` without waiting for the
         peer's, which is checked before this rank next reads the lane
-        (``transport.tcp.posted``): a broadcast's root."""
+        (``transport.tcp.posted``): a broadcast's root, a reduce's other rank."""
         what = self._write(seq, fp, payload)
         waiter = self.waiter
         try:
