@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 
@@ -27,6 +29,16 @@ def run_local_ranks(script: str, child_flag: str, size: int = 2) -> int:
         for rank in range(size)
     ]
     return max(p.wait() for p in procs)
+
+
+def gather_local_ranks(script: str, child_flag: str, out_env: str, size: int = 2) -> list[Any]:
+    """``run_local_ranks``, each rank writing its results as JSON to ``$out_env.<rank>`` (a
+    fresh temporary path): those results by rank; exits if a rank failed."""
+    out = os.path.join(tempfile.mkdtemp(), "ranks.json")
+    os.environ[out_env] = out
+    if run_local_ranks(script, child_flag, size) != 0:
+        sys.exit("a rank failed")
+    return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(size)]
 
 
 def round_trip(comm: Any, rank: int, mine: Any, got: Any) -> None:

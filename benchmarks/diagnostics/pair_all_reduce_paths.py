@@ -23,7 +23,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -33,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _doc import write_doc
-from _ranks import run_local_ranks
+from _ranks import gather_local_ranks
 
 from torchcomms.bench.metrics import format_size, parse_size
 
@@ -87,11 +86,7 @@ def main() -> None:
         _child(sizes, args.blocks, args.iters, args.op)
         return
     os.environ["TORCHCOMM_TRANSPORT"] = "tcp"
-    out = os.path.join(tempfile.mkdtemp(), "paths.json")
-    os.environ[_OUT] = out
-    if run_local_ranks(__file__, _CHILD) != 0:
-        sys.exit("a rank failed")
-    ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1)]
+    ranks = gather_local_ranks(__file__, _CHILD, _OUT)
     results: dict[str, dict[str, float]] = {}
     for size in ranks[0]:
         row = {}

@@ -28,7 +28,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -39,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _doc import write_doc
-from _ranks import run_local_ranks
+from _ranks import gather_local_ranks
 
 from torchcomms.bench.metrics import format_size, parse_size
 
@@ -150,11 +149,7 @@ def main() -> None:
     os.environ.setdefault("TORCHCOMM_TRANSPORT", "shm")
     launches = []
     for launch in range(args.launches):
-        out = os.path.join(tempfile.mkdtemp(), "phases.json")
-        os.environ[_OUT] = out
-        if run_local_ranks(__file__, _CHILD) != 0:
-            sys.exit("a rank failed")
-        ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1)]
+        ranks = gather_local_ranks(__file__, _CHILD, _OUT)
         slower = {
             key: {k: max(r[key][k] for r in ranks) for k in row} for key, row in ranks[0].items()
         }

@@ -29,7 +29,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -40,7 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _doc import write_doc
-from _ranks import round_trip, run_local_ranks
+from _ranks import gather_local_ranks, round_trip
 
 from torchcomms.bench.metrics import format_size, parse_size
 
@@ -135,11 +134,7 @@ def main() -> None:
         return
     launches = []
     for launch in range(args.launches):
-        out = os.path.join(tempfile.mkdtemp(), "paths.json")
-        os.environ[_OUT] = out
-        if run_local_ranks(__file__, _CHILD) != 0:
-            sys.exit("a rank failed")
-        ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1)]
+        ranks = gather_local_ranks(__file__, _CHILD, _OUT)
         slower: dict[str, Any] = {}
         for key, value in ranks[0].items():
             if isinstance(value, dict):

@@ -26,7 +26,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -37,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _doc import write_doc
-from _ranks import run_local_ranks
+from _ranks import gather_local_ranks
 
 _CHILD = "TCP_SMALL_LAYERS_CHILD"
 _OUT = "TCP_SMALL_LAYERS_OUT"
@@ -109,11 +108,7 @@ def main() -> None:
         _child(args.bytes, args.blocks, args.iters)
         return
     os.environ["TORCHCOMM_TRANSPORT"] = "tcp"
-    out = os.path.join(tempfile.mkdtemp(), "layers.json")
-    os.environ[_OUT] = out
-    if run_local_ranks(__file__, _CHILD) != 0:
-        sys.exit("a rank failed")
-    ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1)]
+    ranks = gather_local_ranks(__file__, _CHILD, _OUT)
     results: dict[str, dict[str, float]] = {}
     for layer in _LAYERS:
         pairs = zip(ranks[0]["wall"][layer], ranks[1]["wall"][layer], strict=True)
