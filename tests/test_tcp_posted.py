@@ -12,11 +12,13 @@ Real processes over real sockets (``TORCHCOMM_TRANSPORT=tcp``), two ranks:
 * A mismatch is still raised by both ranks: the receiving rank in the op, the sending one
   at its next collective (or in a receive's wait), each naming what rank 1 passed; two ranks that both think they are the root
   each keep their own tensor and both raise (in the op if the other's frame is already
-  there, else at the next).
+  there, else at the next).  A mismatch of the last such op before ``finalize`` is logged
+  there by the rank that only sent.
 """
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
 
@@ -183,6 +185,37 @@ def test_a_receive_after_a_mismatched_broadcast_raises_the_mismatch() -> None:
     assert root["op"] is None and root["next"] is not None, root
     assert root["next"][0] == "CollectiveMismatchError", root
     assert "rank 1 passed count" in root["next"][1], root
+
+
+def _finalize_after_mismatch(ctx: RankContext) -> list[str]:
+    """The root's mismatched broadcast is its last op: finalize logs what the peer said."""
+    comm = _comm(ctx, "posted_finalize")
+    t = torch.zeros(SMALL + ctx.rank, dtype=torch.int64)
+    warned: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            warned.append(record.getMessage())
+
+    logging.getLogger("torchcomms.backends.cpu.tcp.ops").addHandler(Keep(logging.WARNING))
+    if ctx.rank == 1:
+        ctx.store.wait(["posted"], timedelta(seconds=20))
+        with pytest.raises(RuntimeError, match="collective mismatch"):
+            comm.broadcast(t, 0, False)
+        ctx.store.set("raised", "1")
+    else:
+        comm.broadcast(t, 0, False)  # returns: its bytes are out
+        ctx.store.set("posted", "1")
+        ctx.store.wait(["raised"], timedelta(seconds=20))  # rank 1's header has arrived
+    comm.finalize()
+    return warned
+
+
+def test_finalize_logs_a_mismatch_of_the_last_op_the_rank_only_sent() -> None:
+    root, receiver = run_ranks(_finalize_after_mismatch, 2, timeout=120, env=TCP)
+    assert receiver == [], receiver
+    assert len(root) == 1 and "collective mismatch" in root[0], root
+    assert "rank 1 passed count=3" in root[0] and "at finalize" in root[0], root
 
 
 def test_two_ranks_that_both_think_they_are_the_root_both_raise() -> None:

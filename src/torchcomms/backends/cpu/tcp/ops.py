@@ -30,6 +30,7 @@ here from gloo primitives.  Point-to-point ops (``cpu.tcp.direct``) go over
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import timedelta
@@ -56,6 +57,8 @@ from torchcomms.transport.procs import process_alive
 from torchcomms.transport.tcp.lane import Lane
 from torchcomms.transport.tcp.p2p import P2P
 from torchcomms.types import RedOpType, ReduceOp
+
+logger = logging.getLogger("torchcomms.backends.cpu.tcp.ops")
 
 #: Up to this many ranks, a large reduce runs as a binomial tree over the point-to-point
 #: connections (``TcpDirect._reduce_tree``); beyond, on the ring, whose root takes in less.
@@ -140,6 +143,8 @@ class TcpOps(TcpDirect, CpuOps):
         self.waiter.aborted = True  # every wait slice checks it
 
     def close(self, failed: bool) -> None:
+        if not failed:
+            self._settle_owed()
         if failed:  # unless a failure was said already (``fail``)
             self.lane.goodbye("FAILED aborted" if self.waiter.aborted else "FAILED failed")
         self.lane.close()
@@ -151,6 +156,24 @@ class TcpOps(TcpDirect, CpuOps):
         self.waiter.report.close()
         self.release_group((self.pg, self._pg_store))
         self.pg = self._pg_store = None
+
+    def _settle_owed(self) -> None:
+        """At finalize: check the peer's frames this rank is still owed (two ranks,
+        ``transport.tcp.posted``) that have arrived, and log a difference: the last
+        broadcast or reduce this rank only sent may have mismatched, and no later op will
+        say so.  Never raises (the communicator is going away) and never waits."""
+        owed = self.lane.owed
+        if owed is None or not owed.checks:
+            return
+        try:
+            owed.settle(lambda: None, wait=False)
+        except Exception as exc:
+            logger.warning(
+                "torchcomms: rank %d at finalize: an op it only sent failed on its peer: %s",
+                self.rank,
+                exc,
+                extra={"rank": self.rank},
+            )
 
     def release_group(self, held: tuple[Any, ...]) -> None:
         """Drop a process group of this comm (and what must outlive it) now, or, while a
