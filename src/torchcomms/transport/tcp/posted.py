@@ -38,6 +38,12 @@ class _Frames(Protocol):
     def consume(self) -> None: ...
 
 
+class _Poller(Protocol):
+    """``select.poll``'s one call used here."""
+
+    def poll(self, timeout: float | None = ..., /) -> list[tuple[int, int]]: ...
+
+
 class _Round(Protocol):
     """A lane round (``transport.tcp.lane.LaneRound``): the inbox from ``recv_from``."""
 
@@ -45,6 +51,8 @@ class _Round(Protocol):
     def recv_from(self) -> int: ...
     @property
     def inbox(self) -> _Frames: ...
+    @property
+    def poller(self) -> _Poller: ...
 
 
 class Owed:
@@ -79,7 +87,9 @@ class Owed:
         rd = self.rd
         inbox = rd.inbox
         body = inbox.frame(rd.recv_from)
-        if body is None:
+        # Not waiting (after each post): ask ``poll`` first, 0.7 us, where a ``recv`` that
+        # finds nothing costs 3 us (``transport.tcp.lane``).
+        if body is None and (wait or rd.poller.poll(0)):
             inbox.fill()
             body = inbox.frame(rd.recv_from)
         while body is None:

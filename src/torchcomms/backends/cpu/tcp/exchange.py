@@ -119,9 +119,7 @@ class Exchange:
                 raise LaneProtocolError(f"rank {peer} sent a frame without an op header")
             if theirs != mine:
                 by_rank = [mine, theirs] if self.rank == 0 else [theirs, mine]
-                found = F.mismatch(by_rank)
-                bad, text = found if found is not None else ([0, 1], "different headers")
-                raise self.waiter.report.full(what, mine, bad, text)
+                raise self._mismatch(what, mine, by_rank)
 
         return check
 
@@ -153,9 +151,15 @@ class Exchange:
         for base in self._row_starts:  # the common case: equal headers, a few int compares
             if got[base + 1 : base + 5] != header:
                 by_rank = [((int(r[2]), int(r[3]), int(r[4])), int(r[1])) for r in self._table]
-                found = F.mismatch(by_rank)
-                bad, text = found if found is not None else ([], "different headers")
-                raise waiter.report.full(what, (fp, seq), bad, text)
+                raise self._mismatch(what, (fp, seq), by_rank)
+
+    def _mismatch(
+        self, what: str, mine: tuple[Fingerprint, int], by_rank: list[tuple[Fingerprint, int]]
+    ) -> Exception:
+        """The error for headers that differ, every rank's in ``by_rank`` (rank order)."""
+        found = F.mismatch(by_rank)
+        bad, text = found if found is not None else ([], "different headers")
+        return self.waiter.report.full(what, mine, bad, text)
 
     def header(self, seq: int, fp: Fingerprint) -> memoryview:
         """This rank's header for an op that carries it itself (``transport.tcp.ring``)."""
