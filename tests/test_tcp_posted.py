@@ -14,6 +14,8 @@ Real processes over real sockets (``TORCHCOMM_TRANSPORT=tcp``), two ranks:
   each keep their own tensor and both raise (in the op if the other's frame is already
   there, else at the next).  A mismatch of the last such op before ``finalize`` is logged
   there by the rank that only sent.
+* The owed frame's check itself: the same op passes, another is named, a frame that is no
+  header (wrong magic, too short) is refused.
 """
 
 from __future__ import annotations
@@ -225,3 +227,33 @@ def test_two_ranks_that_both_think_they_are_the_root_both_raise() -> None:
         error = seen["op"] or seen["next"]
         assert error is not None and error[0] == "CollectiveMismatchError", seen
         assert "passed root=" in error[1], seen
+
+
+def test_the_owed_check_refuses_a_frame_that_is_no_header_and_names_a_difference() -> None:
+    import struct
+    from types import SimpleNamespace
+
+    from torchcomms.backends.cpu.tcp import exchange as ex
+    from torchcomms.transport.tcp.lane import LaneProtocolError
+
+    seen: list[Any] = []
+
+    def mismatch(what: str, mine: Any, by_rank: Any) -> RuntimeError:
+        seen.append((what, mine, by_rank))
+        return RuntimeError("mismatch")
+
+    rank0 = SimpleNamespace(rank=0, _mismatch=mismatch)
+    fp, seq = (11, 22, 8), 5
+    check = ex.Exchange.owed_check(rank0, seq, fp, "broadcast")  # type: ignore[arg-type]
+
+    def header(seq: int, fp: tuple[int, int, int]) -> memoryview:
+        return memoryview(struct.pack("<8q", ex._MAGIC, seq, *fp, -1, 0, 0))
+
+    check(header(seq, fp))  # the same op: nothing to say
+    assert seen == []
+    with pytest.raises(RuntimeError, match="mismatch"):
+        check(header(seq, (11, 22, 9)))
+    assert seen == [("broadcast", (fp, seq), [(fp, seq), ((11, 22, 9), seq)])]
+    for not_a_header in (memoryview(bytes(64)), memoryview(struct.pack("<2q", ex._MAGIC, seq))):
+        with pytest.raises(LaneProtocolError, match="rank 1 sent a frame without an op header"):
+            check(not_a_header)
