@@ -45,6 +45,7 @@ from typing import Any
 
 from torchcomms.transport.contention import cores_busy, on_this_core
 from torchcomms.transport.tcp.posted import Owed, OwedCheck
+from torchcomms.transport.tcp.sockets import LowWater
 
 #: How long one ``poll`` may block before the caller's checks run.
 SLICE_MS = 50
@@ -125,10 +126,12 @@ def rounds(rank: int, size: int) -> list[tuple[int, int]]:
 class _Inbox:
     """Bytes read from one connection and not consumed yet (one frame at a time)."""
 
-    __slots__ = ("_body", "buf", "end", "eof", "error", "sock", "start", "view")
+    __slots__ = ("_body", "buf", "end", "eof", "error", "low_water", "sock", "start", "view")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        #: Raised only inside a ring step that streams into a tensor (``ring.Ring.step``).
+        self.low_water = LowWater(sock)
         self.buf = bytearray(_START_CAP)
         self.view = memoryview(self.buf)
         self.start = 0

@@ -192,6 +192,22 @@ class Ring:
         called as bytes move, with how many of ``recv`` arrived and of ``send`` left (so
         the caller can work on what arrived while the rest is on its way)."""
         rd = self.lane.ring_round()
+        try:
+            self._step(rd, send, recv, header, check, between, header_in, progress)
+        finally:  # the lane's next read of this socket must wake at its first byte
+            rd.inbox.low_water.clear()
+
+    def _step(
+        self,
+        rd: LaneRound,
+        send: memoryview | None,
+        recv: memoryview | None,
+        header: memoryview | None,
+        check: Check | None,
+        between: Callable[[], None],
+        header_in: bool | None,
+        progress: Progress | None,
+    ) -> None:
         peer = rd.recv_from
         hb = len(header) if header is not None else 0
         hb_in = (
@@ -279,6 +295,9 @@ class Ring:
             else:
                 if parts:
                     rd.wants_room(True)
+                elif stage == 2 and progress is None:
+                    # Only streaming in: wake once a whole piece is here (``sockets.LowWater``).
+                    rd.inbox.low_water.wait_for(len(target) - got)
                 events = rd.poller.poll(SLICE_MS)
                 if parts:
                     rd.wants_room(False)

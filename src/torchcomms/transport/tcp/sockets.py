@@ -1,6 +1,7 @@
 """How every data connection of the tcp transport is set up: no Nagle delay, and a bounded
 life for a connection the network broke (``TORCHCOMM_TCP_USER_TIMEOUT_S``,
-``TORCHCOMM_TCP_KEEPALIVE_S``).
+``TORCHCOMM_TCP_KEEPALIVE_S``); and ``LowWater``, how a reader of a large block asks to be
+woken once per piece rather than per segment.
 
 Why: a connection can fail while both processes live.  When one side's kernel gives up on
 it (its packets were dropped for longer than it retries), that side's next send or poll
@@ -33,3 +34,53 @@ def data_socket(sock: socket.socket) -> socket.socket:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, round(idle / 5)))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, _KEEPALIVE_PROBES)
     return sock
+
+
+#: A ring step that only streams into a tensor asks to be woken once this many of the
+#: block's bytes, or all that are left if fewer, are queued (``SO_RCVLOWAT``); 0 turns it
+#: off.  Why: the sender's kernel wakes a waiting reader for every segment that lands,
+#: and each wake-up costs both sides CPU.  A receiver that lags (a broadcast's, whose root
+#: runs ahead) read a 4 MiB block in ~30 pieces (~10 with the mark, under strace); with this mark a 2-rank broadcast of
+#: 4-64 MiB took 1.4-2.4x less time and both ranks ~1/3 less CPU, in alternating blocks
+#: of the same processes (``benchmarks/results/issue53/NOTES.md``, step 15).  Not used
+#: for send/recv: a ping-pong waits for the whole message, and a mark delays the copy of
+#: its last piece (0.66-0.80 of the time at 4 MiB).  The kernel caps the mark at half its
+#: largest receive buffer, and wakes the reader anyway when that buffer is nearly full or
+#: the connection ends, so a mark above what can arrive never stalls a wait.
+LOW_WATER_BYTES = 4 << 20
+
+#: Blocks with less than this left keep the default mark (a byte): one wake-up is all
+#: they cost anyway.
+LOW_WATER_FROM = 256 << 10
+
+
+class LowWater:
+    """A socket's receive low-water mark, set only when it changes.  Used by the op's
+    thread that reads the socket; ``clear`` before anything else waits on it."""
+
+    __slots__ = ("_sock", "mark")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.mark = 1
+
+    def wait_for(self, left: int) -> None:
+        """``poll`` reports the socket readable once ``min(left, LOW_WATER_BYTES)`` bytes
+        are queued (for blocks of ``LOW_WATER_FROM`` or more)."""
+        self._set(min(left, LOW_WATER_BYTES) if left >= LOW_WATER_FROM else 1)
+
+    def clear(self) -> None:
+        """Back to the default: readable at the first byte."""
+        if self.mark != 1:
+            self._set(1)
+
+    def _set(self, mark: int) -> None:
+        if mark < 1:
+            mark = 1
+        if mark == self.mark:
+            return
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, mark)
+        except OSError:  # closed, or a platform without it: the default mark stays
+            mark = 1
+        self.mark = mark
