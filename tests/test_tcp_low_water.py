@@ -9,30 +9,37 @@ Real sockets, real processes:
   ``LOW_WATER_BYTES``.
 * The mark never stalls a wait on a peer that stops short: a peer that closes, or a
   process killed with ``SIGKILL`` after sending part of a block, still wakes the reader.
-* Two ranks over ``TORCHCOMM_TRANSPORT=tcp``: large broadcasts from both roots raise the
-  mark on the receiving rank (counted, the transport untouched), give the right values,
-  and leave the lane's sockets at the default mark, so the small ops, send/recv and
-  the large all_reduce that follow run as before.
+* Two ranks over ``TORCHCOMM_TRANSPORT=tcp``, the sending rank stopped (``SIGSTOP``) for
+  0.3 s once its first bytes are in: an 8 MiB broadcast raises the receiving rank's mark
+  (to the rest of the block, at most ``LOW_WATER_BYTES``), a reduce the root's to
+  ``PIECE`` (counted, the transport untouched), from both roots; the values are right,
+  and the lane's sockets are back at the default mark, so the small ops, send/recv and
+  large all_reduce that follow run as before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import select
 import signal
 import socket
 import subprocess
 import sys
+import termios
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import torch
 
 from tests.harness import RankContext, run_ranks
 from torchcomms import ReduceOp, new_comm
+from torchcomms.transport.tcp.ring import PIECE
 from torchcomms.transport.tcp.sockets import LOW_WATER_BYTES, LOW_WATER_FROM, LowWater
 
 TCP = {"TORCHCOMM_TRANSPORT": "tcp"}
@@ -134,7 +141,27 @@ def test_a_peer_killed_mid_block_still_wakes_the_reader() -> None:
             sender.wait()
 
 
-def _broadcasts(ctx: RankContext) -> dict[str, Any]:
+def _stop_sender_midway(inbox: socket.socket, sender: int) -> threading.Thread:
+    """Stop ``sender`` (``SIGSTOP``) for 0.3 s once its first bytes are queued on
+    ``inbox``: the receiver then reads what came and waits for the rest, in the op."""
+
+    def run() -> None:
+        give_up = time.monotonic() + 20
+        while time.monotonic() < give_up:
+            queued = fcntl.ioctl(inbox.fileno(), termios.FIONREAD, b"\0\0\0\0")
+            if int.from_bytes(queued, sys.byteorder):
+                os.kill(sender, signal.SIGSTOP)
+                time.sleep(0.3)
+                os.kill(sender, signal.SIGCONT)
+                return
+            time.sleep(0.0002)
+
+    stopper = threading.Thread(target=run, daemon=True)
+    stopper.start()
+    return stopper
+
+
+def _large_ops(ctx: RankContext) -> dict[str, Any]:
     raised: list[int] = []
     wait_for = LowWater.wait_for
 
@@ -148,25 +175,47 @@ def _broadcasts(ctx: RankContext) -> dict[str, Any]:
         timeout=timedelta(seconds=60),
     )  # fmt: skip
     assert comm.get_backend_impl().transport.startswith("tcp")
-    me = comm.get_rank()
+    me, peer = comm.get_rank(), 1 - comm.get_rank()
+    ctx.store.set(f"pid/{me}", str(os.getpid()))
+    peer_pid = int(ctx.store.get(f"pid/{peer}").decode())
     lane = comm.get_backend_impl()._ops.lane  # type: ignore[attr-defined]
-    count = (8 << 20) // 4 + 3
-    for i in range(4):
-        root = i % 2
-        t = torch.full((count,), float(10 * i + me))
-        if me == root:
-            t[-1] = -1.0
-        comm.broadcast(t, root, False)
-        want = torch.full((count,), float(10 * i + root))
-        want[-1] = -1.0
-        assert torch.equal(t, want), (i, root)
-    # what follows reads the same sockets at the default mark
     inbox = lane.ring_round().inbox
-    marks = [inbox.low_water.mark, _mark(inbox.sock)]
+    # A small receive window: the sender, once stopped, is far from done.
+    inbox.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 128 << 10)
+    count = (8 << 20) // 4 + 3
+
+    def received(op: Callable[[], object], receiving: bool) -> int:
+        """The highest mark this rank asked for in ``op``, its peer stopped midway."""
+        comm.barrier(False)  # nothing left queued from before
+        raised.clear()
+        stopper = _stop_sender_midway(inbox.sock, peer_pid) if receiving else None
+        op()
+        if stopper is not None:
+            stopper.join()
+        return max(raised, default=1)
+
+    marks: dict[str, int] = {}
+    for root in (0, 1):
+        t = torch.full((count,), float(10 * root + me))
+        t[-1] = -1.0
+        got = received(partial(comm.broadcast, t, root, False), receiving=me != root)
+        want = torch.full((count,), float(11 * root))
+        want[-1] = -1.0
+        assert torch.equal(t, want), root
+        if me != root:
+            marks["broadcast"] = got
+    # a reduce's root combines what arrived: woken per ``PIECE``
+    for root in (0, 1):
+        t = torch.full((count,), float(me + 1))
+        got = received(partial(comm.reduce, t, root, ReduceOp.SUM, False), me == root)
+        assert torch.equal(t, torch.full((count,), 3.0 if me == root else float(me + 1)))
+        if me == root:
+            marks["reduce"] = got
+    # what follows reads the same sockets at the default mark
+    marks["after"] = [inbox.low_water.mark, _mark(inbox.sock)]
     small = torch.full((3,), float(me + 1))
     comm.all_reduce(small, ReduceOp.SUM, False)
     assert torch.equal(small, torch.full((3,), 3.0))
-    peer = 1 - me
     got = torch.zeros(5)
     if me == 0:
         comm.send(torch.arange(5.0), peer, False)
@@ -179,12 +228,13 @@ def _broadcasts(ctx: RankContext) -> dict[str, Any]:
     comm.all_reduce(big, ReduceOp.SUM, False)
     assert torch.equal(big, torch.full((1 << 20,), 3.0))
     comm.finalize()
-    return {"raised": max(raised, default=1), "marks_after": marks}
+    return marks
 
 
-def test_large_broadcasts_raise_the_mark_and_leave_it_cleared() -> None:
-    results = run_ranks(_broadcasts, 2, timeout=120, env=TCP)
+def test_large_broadcasts_and_reduces_raise_the_mark_and_leave_it_cleared() -> None:
+    results = run_ranks(_large_ops, 2, timeout=120, env=TCP)
     for rank, got in enumerate(results):
-        # each rank received two of the four broadcasts
-        assert got["raised"] >= LOW_WATER_FROM, (rank, got)
-        assert got["marks_after"] == [1, 1], (rank, got)
+        # each rank received one broadcast and was the root of one reduce
+        assert LOW_WATER_FROM <= got["broadcast"] <= LOW_WATER_BYTES, (rank, got)
+        assert got["reduce"] == PIECE, (rank, got)
+        assert got["after"] == [1, 1], (rank, got)
