@@ -11,10 +11,10 @@ Real sockets, real processes:
   process killed with ``SIGKILL`` after sending part of a block, still wakes the reader.
 * Two ranks over ``TORCHCOMM_TRANSPORT=tcp``, the sending rank stopped (``SIGSTOP``) for
   0.3 s once its first bytes are in: an 8 MiB broadcast raises the receiving rank's mark
-  (to the rest of the block, at most ``LOW_WATER_BYTES``), a reduce the root's to
-  ``PIECE`` (counted, the transport untouched), from both roots; the values are right,
-  and the lane's sockets are back at the default mark, so the small ops, send/recv and
-  large all_reduce that follow run as before.
+  (to the rest of the block, at most ``LOW_WATER_BYTES``; counted, the transport
+  untouched) while a reduce's root, which combines what arrives, keeps the default, from
+  both roots; the values are right, and the lane's sockets are back at the default mark,
+  so the small ops, send/recv and large all_reduce that follow run as before.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ import torch
 
 from tests.harness import RankContext, run_ranks
 from torchcomms import ReduceOp, new_comm
-from torchcomms.transport.tcp.ring import PIECE
 from torchcomms.transport.tcp.sockets import LOW_WATER_BYTES, LOW_WATER_FROM, LowWater
 
 TCP = {"TORCHCOMM_TRANSPORT": "tcp"}
@@ -204,7 +203,7 @@ def _large_ops(ctx: RankContext) -> dict[str, Any]:
         assert torch.equal(t, want), root
         if me != root:
             marks["broadcast"] = got
-    # a reduce's root combines what arrived: woken per ``PIECE``
+    # a reduce's root combines what arrives: it keeps the default mark
     for root in (0, 1):
         t = torch.full((count,), float(me + 1))
         got = received(partial(comm.reduce, t, root, ReduceOp.SUM, False), me == root)
@@ -236,5 +235,5 @@ def test_large_broadcasts_and_reduces_raise_the_mark_and_leave_it_cleared() -> N
     for rank, got in enumerate(results):
         # each rank received one broadcast and was the root of one reduce
         assert LOW_WATER_FROM <= got["broadcast"] <= LOW_WATER_BYTES, (rank, got)
-        assert got["reduce"] == PIECE, (rank, got)
+        assert got["reduce"] == 1, (rank, got)
         assert got["after"] == [1, 1], (rank, got)

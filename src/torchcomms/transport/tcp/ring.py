@@ -29,10 +29,13 @@ goodbye, as in ``transport.tcp.lane``.
 a step of ``STREAM_BYTES`` or more), then ``poll`` in slices of ``SLICE_MS`` with
 ``between`` (abort, liveness, deadline) after each idle slice.
 Sends progress in the same loop, so the two directions of a step never deadlock.  Once
-its own bytes are out, a step that receives asks ``poll`` to wake it only when a whole
-piece is in (``sockets.LowWater``: the rest of the block, at most 4 MiB, or ``PIECE``
-when it works on what arrived), not for every segment; the mark is cleared as the step
-ends, whichever way.
+its own bytes are out, a step that only streams into a tensor (a broadcast's receiver)
+asks ``poll`` to wake it when the rest of the block, at most 4 MiB, is in
+(``sockets.LowWater``), not for every segment; the mark is cleared as the step ends,
+whichever way.  A step that works on what arrives (``progress``: a two-rank reduce's
+root) keeps the default: with a 1 MiB mark it was 1.04-1.18x faster over loopback but
+0.84-0.96x between simulated hosts, where its sender then spent a third more CPU
+(``benchmarks/diagnostics/tcp_low_water.py``, step 15 of issue 53's notes).
 """
 
 from __future__ import annotations
@@ -59,12 +62,6 @@ from torchcomms.transport.tcp.lane import (
 _PREFIX = struct.Struct("<II")
 _CONTROL = 0xFFFF_FFFF
 _EMPTY = memoryview(b"")
-
-#: A step that works on what arrived (``progress``: a two-rank reduce's root combines it)
-#: asks to be woken once this much more is in, not for every segment: the root's CPU per
-#: 4-64 MiB reduce fell by a fifth to a third, and its time by 1.05-1.6x, against waking
-#: per segment (alternating blocks of the same processes, ``NOTES.md`` step 15).
-PIECE = 1 << 20
 
 #: combine(mine, incoming, out): ``out = mine (op) incoming``.
 Combine = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
@@ -305,10 +302,9 @@ class Ring:
             else:
                 if parts:
                     rd.wants_room(True)
-                elif stage == 2:
-                    # Only streaming in: wake once a whole piece is here (``sockets.LowWater``).
-                    due = len(target) - got
-                    rd.inbox.low_water.wait_for(due if progress is None else min(due, PIECE))
+                elif stage == 2 and progress is None:
+                    # Only streaming in: wake once the block is here (``sockets.LowWater``).
+                    rd.inbox.low_water.wait_for(len(target) - got)
                 events = rd.poller.poll(SLICE_MS)
                 if parts:
                     rd.wants_room(False)

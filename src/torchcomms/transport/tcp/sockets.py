@@ -39,14 +39,16 @@ def data_socket(sock: socket.socket) -> socket.socket:
 #: A ring step that only streams into a tensor asks to be woken once this many of the
 #: block's bytes, or all that are left if fewer, are queued (``SO_RCVLOWAT``); 0 turns it
 #: off.  Why: the sender's kernel wakes a waiting reader for every segment that lands,
-#: and each wake-up costs both sides CPU.  A receiver that lags (a broadcast's, whose root
-#: runs ahead) read a 4 MiB block in ~30 pieces (~10 with the mark, under strace); with this mark a 2-rank broadcast of
-#: 4-64 MiB took 1.4-2.4x less time and both ranks ~1/3 less CPU, in alternating blocks
-#: of the same processes (``benchmarks/results/issue53/NOTES.md``, step 15).  Not used
-#: for send/recv: a ping-pong waits for the whole message, and a mark delays the copy of
-#: its last piece (0.66-0.80 of the time at 4 MiB).  The kernel caps the mark at half its
-#: largest receive buffer, and wakes the reader anyway when that buffer is nearly full or
-#: the connection ends, so a mark above what can arrive never stalls a wait.
+#: and each wake-up costs both sides CPU.  A broadcast's receiver, which lags its root
+#: (the root runs ahead), read a 4 MiB block in ~30 pieces, ~10 with the mark (counted
+#: under strace); with the mark a two-rank broadcast of 4-64 MiB took 1.4-1.9x less time
+#: over loopback and 1.1-1.3x between simulated hosts, its receiver half the CPU, in
+#: alternating blocks of the same processes (``benchmarks/diagnostics/tcp_low_water.py``;
+#: ``benchmarks/results/issue53/NOTES.md``, step 15).  Not used for send/recv: a ping-pong
+#: waits for the whole message, and a mark delays the copy of its last piece (0.66-0.91 of
+#: the time at 1-64 MiB).  The kernel caps the mark at half its largest receive buffer,
+#: and wakes the reader anyway when that buffer is nearly full or the connection ends, so
+#: a mark above what can arrive never stalls a wait.
 LOW_WATER_BYTES = 4 << 20
 
 #: Blocks with less than this left keep the default mark (a byte): one wake-up is all
