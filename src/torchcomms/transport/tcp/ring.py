@@ -34,7 +34,7 @@ asks ``poll`` to wake it when the rest of the block, at most 4 MiB, is in
 (``sockets.LowWater``), not for every segment; the mark is cleared as the step ends,
 whichever way.  A step that works on what arrives (``progress``: a two-rank reduce's
 root) keeps the default: with a 1 MiB mark it was 1.04-1.18x faster over loopback but
-0.84-0.96x between simulated hosts, where its sender then spent a third more CPU
+0.82-0.95x between simulated hosts, where its sender then spent a third more CPU
 (``benchmarks/diagnostics/tcp_low_water.py``, step 15 of issue 53's notes).
 """
 
