@@ -1,5 +1,5 @@
-"""A ring step that only streams in wakes once per piece (``transport/tcp/sockets.py``,
-``LowWater``; used by ``transport/tcp/ring.py``).
+"""A ring step that only streams into a tensor wakes once the rest of its block is in, not
+per segment (``transport/tcp/sockets.py``, ``LowWater``; used by ``transport/tcp/ring.py``).
 
 Real sockets, real processes:
 
@@ -230,7 +230,7 @@ def _large_ops(ctx: RankContext) -> dict[str, Any]:
     return marks
 
 
-def test_large_broadcasts_and_reduces_raise_the_mark_and_leave_it_cleared() -> None:
+def test_a_broadcasts_receiver_raises_the_mark_a_reduces_root_does_not_and_it_is_cleared() -> None:
     results = run_ranks(_large_ops, 2, timeout=120, env=TCP)
     for rank, got in enumerate(results):
         # each rank received one broadcast and was the root of one reduce
