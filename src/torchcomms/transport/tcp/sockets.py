@@ -41,12 +41,12 @@ def data_socket(sock: socket.socket) -> socket.socket:
 #: off.  Why: the sender's kernel wakes a waiting reader for every segment that lands,
 #: and each wake-up costs both sides CPU.  A broadcast's receiver, which lags its root
 #: (the root runs ahead), read a 4 MiB block in ~30 pieces, ~10 with the mark (counted
-#: under strace); with the mark a two-rank broadcast of 4-64 MiB took 1.4-1.9x less time
-#: over loopback and 1.1-1.3x between simulated hosts, its receiver half the CPU, in
-#: alternating blocks of the same processes (``benchmarks/diagnostics/tcp_low_water.py``;
-#: ``benchmarks/results/issue53/NOTES.md``, step 15).  Not used for send/recv: a ping-pong
-#: waits for the whole message, and a mark delays the copy of its last piece (0.66-0.91 of
-#: the time at 1-64 MiB).  The kernel caps the mark at half its largest receive buffer,
+#: under strace); with the mark a two-rank broadcast of 4-64 MiB took 1.8-2.2x less time
+#: over loopback, 1.2-1.8x with both cores busy and 1.1-1.4x between simulated hosts, its
+#: receiver half the CPU, in alternating blocks of the same processes
+#: (``benchmarks/diagnostics/tcp_low_water.py``; ``benchmarks/results/issue53/NOTES.md``,
+#: step 15).  Not used for send/recv: a ping-pong waits for the whole message, and a mark
+#: delays the copy of its last piece (it took 1.0-1.5x the time at 1-64 MiB).  The kernel caps the mark at half its largest receive buffer,
 #: and wakes the reader anyway when that buffer is nearly full or the connection ends, so
 #: a mark above what can arrive never stalls a wait.
 LOW_WATER_BYTES = 4 << 20
